@@ -1,0 +1,123 @@
+"""Operational tables: stream anomalies, replication lag, exporter positions (SPEC 5, 6, 7)."""
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import Field
+
+from assets.partitions import snapshot_partitions
+from assets.tables import materialize_stage, read_stage, schema_check_spec
+from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
+from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
+from pipelines.lag import heartbeat_lag, lag_summary
+from resources.delta_store import DeltaStore
+from resources.spark import SparkResource
+
+GROUP = "operations"
+KINDS = {"spark", "delta"}
+_DEFAULT_BOUNDS = AnomalyBounds()
+
+
+class AnomalyConfig(dg.Config):
+    heartbeat_gap_ms: int = Field(
+        default=_DEFAULT_BOUNDS.heartbeat_gap_ms,
+        description="HEARTBEAT_GAP when the applied time between consecutive heartbeats exceeds this.",
+    )
+    clock_uncertainty_ms: int = Field(
+        default=_DEFAULT_BOUNDS.clock_uncertainty_ms,
+        description="CLOCK_UNCERTAINTY when a heartbeat's clock interval is wider than this.",
+    )
+
+
+@dg.asset(
+    name="stream_anomalies",
+    group_name=GROUP,
+    kinds=KINDS,
+    deps=["raw_topic_snapshots"],
+    partitions_def=snapshot_partitions,
+    check_specs=[schema_check_spec("stream_anomalies")],
+    description="Rows where a version-topic stream misbehaves, with the anomaly and its position (SPEC 5).",
+)
+def stream_anomalies(
+    context: dg.AssetExecutionContext, config: AnomalyConfig, spark: SparkResource, store: DeltaStore
+):
+    snapshot_id = context.partition_key
+    session = spark.spark_session
+    bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
+    anomalies = find_stream_anomalies(read_stage(session, store, "raw_topic_snapshots", snapshot_id), bounds)
+    result = materialize_stage(session, store, anomalies, "stream_anomalies", snapshot_id)
+    written = read_stage(session, store, "stream_anomalies", snapshot_id)
+    by_kind = {r["anomaly"]: int(r["count"]) for r in written.groupBy("anomaly").count().collect()}
+    return dg.MaterializeResult(
+        metadata={**result.metadata, "by_anomaly": dg.MetadataValue.json(by_kind), **bounds.__dict__},
+        check_results=result.check_results,
+    )
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec(
+            "heartbeat_lag",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["raw_topic_snapshots"],
+            description="Per heartbeat: lower and upper replication lag bounds from the clock intervals (SPEC 6).",
+        ),
+        dg.AssetSpec(
+            "replication_lag",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["raw_topic_snapshots"],
+            description="Per replica and origin region: lag count, p50, p99, max and end-of-snapshot staleness.",
+        ),
+    ],
+    check_specs=[schema_check_spec("heartbeat_lag"), schema_check_spec("replication_lag")],
+    partitions_def=snapshot_partitions,
+)
+def replication_lag(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
+    snapshot_id = context.partition_key
+    session = spark.spark_session
+    per_heartbeat = heartbeat_lag(read_stage(session, store, "raw_topic_snapshots", snapshot_id))
+    yield materialize_stage(session, store, per_heartbeat, "heartbeat_lag", snapshot_id)
+    written = read_stage(session, store, "heartbeat_lag", snapshot_id)
+    yield materialize_stage(session, store, lag_summary(written), "replication_lag", snapshot_id)
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec(
+            "exporter_positions",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["raw_topic_snapshots"],
+            description="Latest position of each downstream exporter, with its lag in positions and time (SPEC 7).",
+        ),
+        dg.AssetSpec(
+            "exporter_regressions",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["raw_topic_snapshots"],
+            description="Exporter reports whose position went back below an earlier report.",
+        ),
+        dg.AssetSpec(
+            "compaction_bounds",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["raw_topic_snapshots"],
+            description="Per replica partition: the offset below which compaction is safe, and the re-export exposure.",
+        ),
+    ],
+    check_specs=[
+        schema_check_spec("exporter_positions"),
+        schema_check_spec("exporter_regressions"),
+        schema_check_spec("compaction_bounds"),
+    ],
+    partitions_def=snapshot_partitions,
+)
+def exporter_tables(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
+    snapshot_id = context.partition_key
+    session = spark.spark_session
+    raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
+    yield materialize_stage(session, store, exporter_positions(raw), "exporter_positions", snapshot_id)
+    yield materialize_stage(session, store, exporter_regressions(raw), "exporter_regressions", snapshot_id)
+    positions = read_stage(session, store, "exporter_positions", snapshot_id)
+    yield materialize_stage(session, store, compaction_bounds(raw, positions), "compaction_bounds", snapshot_id)

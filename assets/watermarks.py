@@ -1,0 +1,71 @@
+"""Stage 2 and 3: heartbeat-annotated segments and reconstructed watermarks (SPEC 2, 3)."""
+from __future__ import annotations
+
+import dagster as dg
+
+from assets.partitions import snapshot_partitions
+from assets.tables import materialize_stage, read_stage, schema_check_spec
+from pipelines.segments import annotate_segments, summarize_segments
+from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
+from resources.delta_store import DeltaStore
+from resources.spark import SparkResource
+
+GROUP = "watermarks"
+KINDS = {"spark", "delta"}
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec(
+            "heartbeat_segments",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["raw_topic_snapshots"],
+            description="Every version-topic row with its heartbeat segment, baseline vector and applied time (SPEC 2).",
+        ),
+        dg.AssetSpec(
+            "heartbeat_segment_summary",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["raw_topic_snapshots"],
+            description="One row per heartbeat segment: baseline, closing watermark, rows per kind, resolved timestamp.",
+        ),
+    ],
+    check_specs=[schema_check_spec("heartbeat_segments"), schema_check_spec("heartbeat_segment_summary")],
+    partitions_def=snapshot_partitions,
+)
+def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
+    snapshot_id = context.partition_key
+    session = spark.spark_session
+    annotated = annotate_segments(read_stage(session, store, "raw_topic_snapshots", snapshot_id))
+    yield materialize_stage(session, store, annotated, "heartbeat_segments", snapshot_id)
+    written = read_stage(session, store, "heartbeat_segments", snapshot_id)
+    yield materialize_stage(session, store, summarize_segments(written), "heartbeat_segment_summary", snapshot_id)
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec(
+            "reconstructed_watermarks",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["heartbeat_segments"],
+            description="Per data row: applied lower bound L, touch bound U and reach M (SPEC 3).",
+        ),
+        dg.AssetSpec(
+            "partition_watermarks",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["heartbeat_segments"],
+            description="Per replica partition: L at the end of the dump, pre-history bound P, resolved timestamp.",
+        ),
+    ],
+    check_specs=[schema_check_spec("reconstructed_watermarks"), schema_check_spec("partition_watermarks")],
+    partitions_def=snapshot_partitions,
+)
+def reconstructed_watermarks(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
+    snapshot_id = context.partition_key
+    session = spark.spark_session
+    annotated = read_stage(session, store, "heartbeat_segments", snapshot_id)
+    yield materialize_stage(session, store, reconstruct_watermarks(annotated), "reconstructed_watermarks", snapshot_id)
+    yield materialize_stage(session, store, partition_watermarks(annotated), "partition_watermarks", snapshot_id)

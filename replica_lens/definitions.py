@@ -1,0 +1,47 @@
+"""The one ``Definitions`` of the Replica Lens code location (loaded by workspace.yaml).
+
+Paths and Spark settings come from the environment through ``EnvVar`` when a run
+starts, never at import time (``dagster dev`` reads them from ``.env``). The CLI builds
+the same definitions with explicit values through ``build_definitions``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import dagster as dg
+
+from assets import divergence, ingest, operations, watermarks
+from replica_lens.jobs import audit_snapshot, landing_sensor
+from resources.delta_store import DeltaStore
+from resources.landing import LandingZone
+from resources.spark import SparkResource
+
+Setting = Union[str, dg.EnvVar]
+
+
+def build_definitions(
+    landing_root: Setting = dg.EnvVar("REPLICA_LENS_LANDING"),
+    warehouse_root: Setting = dg.EnvVar("REPLICA_LENS_WAREHOUSE"),
+    spark_master: Setting = dg.EnvVar("REPLICA_LENS_SPARK_MASTER"),
+    delta_jars_dir: Optional[Setting] = dg.EnvVar("REPLICA_LENS_DELTA_JARS"),
+    shuffle_partitions: int = 8,
+    delta_engine: str = "auto",
+) -> dg.Definitions:
+    return dg.Definitions(
+        assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations]),
+        asset_checks=[divergence.no_proven_divergence],
+        jobs=[audit_snapshot],
+        sensors=[landing_sensor],
+        resources={
+            "spark": SparkResource(
+                master=spark_master, delta_jars_dir=delta_jars_dir, shuffle_partitions=shuffle_partitions
+            ),
+            "store": DeltaStore(warehouse_root=warehouse_root, engine=delta_engine),
+            "landing": LandingZone(root=landing_root),
+        },
+        # Materializations launched from the UI also run every step in one process: one JVM per run.
+        executor=dg.in_process_executor,
+    )
+
+
+defs = build_definitions()

@@ -1,0 +1,281 @@
+"""The one place that maps a table name to its Delta Lake table and reads and writes it.
+
+Every table lives at ``<warehouse_root>/<table_name>``, partitioned by ``snapshot_id``.
+Writing a snapshot replaces exactly that snapshot's rows in one Delta commit, so a
+reader sees either the old rows or the new ones, never a mix or two copies.
+
+Two engines write the same table format:
+
+- ``native``: delta-spark, when its jars are on the Spark class path (a cluster, or
+  ``SparkResource.delta_jars_dir``). Writes use ``replaceWhere`` on the snapshot.
+- ``embedded``: the default here, with packages from the registry alone. Spark writes
+  the snapshot's Parquet files straight into the table folder (invisible to readers,
+  since no commit names them yet), then delta-rs (the ``deltalake`` package) commits
+  them in one transaction that also removes the snapshot's previous files. The data is
+  written once, by Spark; delta-rs only writes the log. A crash before the commit
+  leaves the table at its previous version (the orphan files are never read and are
+  removed by ``VACUUM``).
+
+``engine="auto"`` picks native when the session has delta-spark loaded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import dagster as dg
+import pyarrow.parquet as pq
+from pydantic import Field
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from resources.spark import has_native_delta
+
+PARTITION_COLUMN = "snapshot_id"
+_SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
+
+
+class UnsafeNameError(ValueError):
+    """A snapshot id or table name that must never be used in a path."""
+
+
+def check_snapshot_id(snapshot_id: str) -> str:
+    """Return ``snapshot_id`` if it matches SPEC section 1, else raise ``UnsafeNameError``."""
+    if not isinstance(snapshot_id, str) or not _SNAPSHOT_ID.match(snapshot_id):
+        raise UnsafeNameError(
+            f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}"
+        )
+    return snapshot_id
+
+
+def check_table_name(name: str) -> str:
+    if not _TABLE_NAME.match(name):
+        raise UnsafeNameError(f"refusing table name {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What one snapshot write produced: shown as metadata on the materialization."""
+
+    table_uri: str
+    version: int
+    row_count: int
+    engine: str
+    files: int
+
+
+def _without_partition(struct: T.StructType) -> T.StructType:
+    return T.StructType([f for f in struct.fields if f.name != PARTITION_COLUMN])
+
+
+def _arrow_schema(struct: T.StructType):
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(struct)
+
+
+def _add_actions(dt) -> dict[str, list]:
+    """The live files of a delta-rs table as columns (delta-rs returns an Arrow-capsule table)."""
+    import pyarrow as pa
+
+    return pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+
+
+class DeltaStore(dg.ConfigurableResource):
+    """Delta Lake tables under one warehouse root, one table per asset, partitioned by snapshot."""
+
+    warehouse_root: str = Field(description="Folder (or URI on a cluster) holding one Delta table per asset.")
+    engine: str = Field(
+        default="auto",
+        description="auto (delta-spark when its jars are loaded, else embedded delta-rs), native, or embedded.",
+    )
+
+    # ----------------------------------------------------------------- paths
+    def table_uri(self, table: str) -> str:
+        check_table_name(table)
+        root = self.warehouse_root
+        if "://" not in root:
+            root = str(Path(root).expanduser().resolve())
+        return f"{root.rstrip('/')}/{table}"
+
+    def _engine(self, spark: SparkSession) -> str:
+        if self.engine == "embedded":
+            return "embedded"
+        native = has_native_delta(spark)
+        if self.engine == "native" and not native:
+            raise RuntimeError(
+                "DeltaStore.engine=native, but delta-spark is not loaded in this Spark session: "
+                "set SparkResource.delta_jars_dir (REPLICA_LENS_DELTA_JARS) to a folder with the Delta jars"
+            )
+        if self.engine not in ("auto", "native"):
+            raise ValueError(f"unknown Delta engine {self.engine!r}: use auto, native or embedded")
+        return "native" if native else "embedded"
+
+    def exists(self, table: str) -> bool:
+        from deltalake import DeltaTable
+
+        return DeltaTable.is_deltatable(self.table_uri(table))
+
+    # ----------------------------------------------------------------- write
+    def write_snapshot(
+        self, spark: SparkSession, df: DataFrame, table: str, snapshot_id: str, struct: T.StructType
+    ) -> WriteResult:
+        """Replace ``snapshot_id``'s rows of ``table`` with ``df`` (shaped like ``struct``) atomically."""
+        check_snapshot_id(snapshot_id)
+        df = df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields])
+        if self._engine(spark) == "native":
+            return self._write_native(spark, df, table, snapshot_id)
+        return self._write_embedded(df, table, snapshot_id, struct)
+
+    def _write_native(self, spark: SparkSession, df: DataFrame, table: str, snapshot_id: str) -> WriteResult:
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        uri = self.table_uri(table)
+        (
+            df.write.format("delta")
+            .mode("overwrite")
+            .option("replaceWhere", f"{PARTITION_COLUMN} = '{snapshot_id}'")
+            .option("mergeSchema", "true")
+            .partitionBy(PARTITION_COLUMN)
+            .save(uri)
+        )
+        last = SparkDeltaTable.forPath(spark, uri).history(1).collect()[0]
+        metrics = last["operationMetrics"] or {}
+        return WriteResult(
+            table_uri=uri,
+            version=int(last["version"]),
+            row_count=int(metrics.get("numOutputRows", 0)),
+            engine="native",
+            files=int(metrics.get("numFiles", 0)),
+        )
+
+    def _write_embedded(self, df: DataFrame, table: str, snapshot_id: str, struct: T.StructType) -> WriteResult:
+        from deltalake import DeltaTable
+        from deltalake.transaction import AddAction
+
+        uri = self.table_uri(table)
+        arrow_schema = _arrow_schema(struct)
+        if not DeltaTable.is_deltatable(uri):
+            try:
+                DeltaTable.create(uri, schema=arrow_schema, partition_by=[PARTITION_COLUMN], name=table)
+            except Exception:  # noqa: BLE001 - a concurrent run created it first; use theirs
+                if not DeltaTable.is_deltatable(uri):
+                    raise
+        # A fresh folder per write: files of a crashed or concurrent write are never mixed in.
+        relative_dir = f"{PARTITION_COLUMN}={snapshot_id}/{uuid.uuid4().hex}"
+        target = f"{uri}/{relative_dir}"
+        df.drop(PARTITION_COLUMN).write.mode("errorifexists").parquet(target)
+
+        actions = []
+        rows = 0
+        now_ms = int(time.time() * 1000)
+        local_target = target.replace("file://", "")
+        for name in sorted(os.listdir(local_target)):
+            path = os.path.join(local_target, name)
+            if not name.endswith(".parquet"):
+                os.remove(path)  # Spark's _SUCCESS and .crc files: not part of the table
+                continue
+            num_rows = pq.ParquetFile(path).metadata.num_rows
+            rows += num_rows
+            actions.append(
+                AddAction(
+                    path=f"{relative_dir}/{name}",
+                    size=os.path.getsize(path),
+                    partition_values={PARTITION_COLUMN: snapshot_id},
+                    modification_time=now_ms,
+                    data_change=True,
+                    stats=json.dumps({"numRecords": num_rows}),
+                )
+            )
+        dt = DeltaTable(uri)
+        try:
+            dt.create_write_transaction(
+                actions,
+                mode="overwrite",
+                schema=arrow_schema,
+                partition_by=[PARTITION_COLUMN],
+                partition_filters=[(PARTITION_COLUMN, "=", snapshot_id)],
+            )
+        except Exception:
+            shutil.rmtree(local_target, ignore_errors=True)
+            raise
+        dt.update_incremental()
+        return WriteResult(table_uri=uri, version=dt.version(), row_count=rows, engine="embedded", files=len(actions))
+
+    # ------------------------------------------------------------------ read
+    def read_snapshot(self, spark: SparkSession, table: str, snapshot_id: str, struct: T.StructType) -> DataFrame:
+        """The rows of ``snapshot_id`` in ``table`` (empty, with ``struct``, when there are none)."""
+        check_snapshot_id(snapshot_id)
+        return self._read(spark, table, struct, snapshot_id)
+
+    def read_all(self, spark: SparkSession, table: str, struct: T.StructType) -> DataFrame:
+        """Every snapshot's rows of ``table``."""
+        return self._read(spark, table, struct, None)
+
+    def _read(self, spark: SparkSession, table: str, struct: T.StructType, snapshot_id: Optional[str]) -> DataFrame:
+        uri = self.table_uri(table)
+        columns = [F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields]
+        if not self.exists(table):
+            return spark.createDataFrame([], struct)
+        if self._engine(spark) == "native":
+            df = spark.read.format("delta").load(uri)
+            if snapshot_id is not None:
+                df = df.where(F.col(PARTITION_COLUMN) == snapshot_id)
+            return df.select(columns)
+        return self._read_embedded(spark, uri, struct, snapshot_id).select(columns)
+
+    def _read_embedded(
+        self, spark: SparkSession, uri: str, struct: T.StructType, snapshot_id: Optional[str]
+    ) -> DataFrame:
+        from deltalake import DeltaTable
+
+        dt = DeltaTable(uri)
+        features = set(getattr(dt.protocol(), "reader_features", None) or [])
+        unsupported = features & {"deletionVectors", "columnMapping"}
+        if unsupported:
+            raise RuntimeError(
+                f"{uri} uses Delta features {sorted(unsupported)} that the embedded reader does not "
+                "support: read it with delta-spark (set REPLICA_LENS_DELTA_JARS)"
+            )
+        actions = _add_actions(dt)
+        paths = actions.get("path", [])
+        partitions = actions.get(f"partition.{PARTITION_COLUMN}", [None] * len(paths))
+        by_snapshot: dict[str, list[str]] = {}
+        for path, part in zip(paths, partitions):
+            if snapshot_id is None or part == snapshot_id:
+                by_snapshot.setdefault(part, []).append(f"{uri}/{path}")
+        data_struct = _without_partition(struct)
+        frames = [
+            spark.read.schema(data_struct).parquet(*files).withColumn(PARTITION_COLUMN, F.lit(part))
+            for part, files in sorted(by_snapshot.items())
+        ]
+        if not frames:
+            return spark.createDataFrame([], struct)
+        result = frames[0]
+        for frame in frames[1:]:
+            result = result.unionByName(frame)
+        return result
+
+    def snapshot_ids(self, table: str) -> list[str]:
+        """The snapshots present in ``table`` (from the Delta log alone)."""
+        from deltalake import DeltaTable
+
+        if not self.exists(table):
+            return []
+        actions = _add_actions(DeltaTable(self.table_uri(table)))
+        return sorted(set(actions.get(f"partition.{PARTITION_COLUMN}", [])))
+
+    def version(self, table: str) -> Optional[int]:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.table_uri(table)).version() if self.exists(table) else None

@@ -1,0 +1,105 @@
+"""Schemas of the raw stage: accepted snapshot rows and quarantined rows (SPEC section 1)."""
+from __future__ import annotations
+
+import pandera.pyspark as pa
+from pyspark.sql import types as T
+
+KINDS = ("START_OF_PUSH", "PUT", "DELETE", "HEARTBEAT", "EXPORTER_POSITION")
+DATA_KINDS = ("PUT", "DELETE")
+
+VECTOR = T.MapType(T.StringType(), T.LongType())
+
+# The message fields of SPEC section 1, in the order the table stores them,
+# with the Spark type each must parse as.
+MESSAGE_FIELDS: dict[str, T.DataType] = {
+    "replica": T.StringType(),
+    "topic": T.StringType(),
+    "partition": T.IntegerType(),
+    "offset": T.LongType(),
+    "kind": T.StringType(),
+    "key": T.StringType(),
+    "value": T.StringType(),
+    "source_region": T.StringType(),
+    "source_offset": T.LongType(),
+    "hb_vector": VECTOR,
+    "origin_ts_min_ms": T.LongType(),
+    "origin_ts_max_ms": T.LongType(),
+    "applied_ts_min_ms": T.LongType(),
+    "applied_ts_max_ms": T.LongType(),
+    "write_ts": T.LongType(),
+    "leader_epoch": T.LongType(),
+    "exporter": T.StringType(),
+    "exported_offset": T.LongType(),
+    "reported_at_ms": T.LongType(),
+}
+
+# Required fields per kind, beyond replica/topic/partition/kind which every row needs.
+REQUIRED_BY_KIND: dict[str, tuple[str, ...]] = {
+    "START_OF_PUSH": ("offset",),
+    "PUT": ("offset", "key", "value", "source_region", "source_offset"),
+    "DELETE": ("offset", "key", "source_region", "source_offset"),
+    "HEARTBEAT": (
+        "offset",
+        "source_region",
+        "source_offset",
+        "origin_ts_min_ms",
+        "origin_ts_max_ms",
+        "applied_ts_min_ms",
+        "applied_ts_max_ms",
+    ),
+    "EXPORTER_POSITION": ("exporter", "exported_offset", "reported_at_ms"),
+}
+REQUIRED_ALWAYS = ("replica", "topic", "partition", "kind")
+
+# Fields that must not be negative when present.
+NON_NEGATIVE = ("partition", "offset", "source_offset", "exported_offset")
+
+
+class RawTopicSnapshots(pa.DataFrameModel):
+    """Accepted rows of a raw topic snapshot, one row per message (exact duplicates stored once)."""
+
+    snapshot_id: T.StringType() = pa.Field(nullable=False)
+    replica: T.StringType() = pa.Field(nullable=False)
+    topic: T.StringType() = pa.Field(nullable=False)
+    partition: T.IntegerType() = pa.Field(nullable=False, ge=0)
+    offset: T.LongType() = pa.Field(nullable=True, ge=0)
+    kind: T.StringType() = pa.Field(nullable=False, isin=list(KINDS))
+    key: T.StringType() = pa.Field(nullable=True)
+    value: T.StringType() = pa.Field(nullable=True)
+    source_region: T.StringType() = pa.Field(nullable=True)
+    source_offset: T.LongType() = pa.Field(nullable=True, ge=0)
+    hb_vector: VECTOR = pa.Field(nullable=True)
+    origin_ts_min_ms: T.LongType() = pa.Field(nullable=True)
+    origin_ts_max_ms: T.LongType() = pa.Field(nullable=True)
+    applied_ts_min_ms: T.LongType() = pa.Field(nullable=True)
+    applied_ts_max_ms: T.LongType() = pa.Field(nullable=True)
+    write_ts: T.LongType() = pa.Field(nullable=True)
+    leader_epoch: T.LongType() = pa.Field(nullable=True)
+    exporter: T.StringType() = pa.Field(nullable=True)
+    exported_offset: T.LongType() = pa.Field(nullable=True, ge=0)
+    reported_at_ms: T.LongType() = pa.Field(nullable=True)
+    # Unknown extra fields are kept, as their JSON text.
+    extra_fields: T.MapType(T.StringType(), T.StringType()) = pa.Field(nullable=True)
+    # How many identical copies of this message the snapshot held (1 when unique).
+    copies: T.IntegerType() = pa.Field(nullable=False, ge=1)
+    source_file: T.StringType() = pa.Field(nullable=False)
+
+    class Config:
+        name = "raw_topic_snapshots"
+        strict = True
+
+
+class RawTopicQuarantine(pa.DataFrameModel):
+    """Rows that break SPEC section 1, kept with the reason and the file they came from."""
+
+    snapshot_id: T.StringType() = pa.Field(nullable=False)
+    source_file: T.StringType() = pa.Field(nullable=False)
+    # The row as read (a JSON line, or a Parquet row rendered as JSON); null when the
+    # file itself could not be read past some point (reason UNREADABLE_FILE).
+    raw: T.StringType() = pa.Field(nullable=True)
+    reason: T.StringType() = pa.Field(nullable=False)
+    detail: T.StringType() = pa.Field(nullable=True)
+
+    class Config:
+        name = "raw_topic_quarantine"
+        strict = True
