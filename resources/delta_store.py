@@ -132,23 +132,31 @@ class DeltaStore(dg.ConfigurableResource):
     ) -> WriteResult:
         """Replace ``snapshot_id``'s rows of ``table`` with ``df`` (shaped like ``struct``) atomically."""
         check_snapshot_id(snapshot_id)
+        # The partition being written decides the snapshot of every row: no row can land elsewhere.
+        return self._write(spark, df.withColumn(PARTITION_COLUMN, F.lit(snapshot_id)), table, snapshot_id, struct)
+
+    def write_table(self, spark: SparkSession, df: DataFrame, table: str, struct: T.StructType) -> WriteResult:
+        """Replace every row of ``table`` (for tables that span snapshots) atomically."""
+        return self._write(spark, df, table, None, struct)
+
+    def _write(
+        self, spark: SparkSession, df: DataFrame, table: str, snapshot_id: Optional[str], struct: T.StructType
+    ) -> WriteResult:
         df = df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields])
         if self._engine(spark) == "native":
             return self._write_native(spark, df, table, snapshot_id)
         return self._write_embedded(df, table, snapshot_id, struct)
 
-    def _write_native(self, spark: SparkSession, df: DataFrame, table: str, snapshot_id: str) -> WriteResult:
+    def _write_native(
+        self, spark: SparkSession, df: DataFrame, table: str, snapshot_id: Optional[str]
+    ) -> WriteResult:
         from delta.tables import DeltaTable as SparkDeltaTable
 
         uri = self.table_uri(table)
-        (
-            df.write.format("delta")
-            .mode("overwrite")
-            .option("replaceWhere", f"{PARTITION_COLUMN} = '{snapshot_id}'")
-            .option("mergeSchema", "true")
-            .partitionBy(PARTITION_COLUMN)
-            .save(uri)
-        )
+        writer = df.write.format("delta").mode("overwrite").option("mergeSchema", "true").partitionBy(PARTITION_COLUMN)
+        if snapshot_id is not None:
+            writer = writer.option("replaceWhere", f"{PARTITION_COLUMN} = '{snapshot_id}'")
+        writer.save(uri)
         last = SparkDeltaTable.forPath(spark, uri).history(1).collect()[0]
         metrics = last["operationMetrics"] or {}
         return WriteResult(
@@ -159,7 +167,9 @@ class DeltaStore(dg.ConfigurableResource):
             files=int(metrics.get("numFiles", 0)),
         )
 
-    def _write_embedded(self, df: DataFrame, table: str, snapshot_id: str, struct: T.StructType) -> WriteResult:
+    def _write_embedded(
+        self, df: DataFrame, table: str, snapshot_id: Optional[str], struct: T.StructType
+    ) -> WriteResult:
         from deltalake import DeltaTable
         from deltalake.transaction import AddAction
 
@@ -172,31 +182,35 @@ class DeltaStore(dg.ConfigurableResource):
                 if not DeltaTable.is_deltatable(uri):
                     raise
         # A fresh folder per write: files of a crashed or concurrent write are never mixed in.
-        relative_dir = f"{PARTITION_COLUMN}={snapshot_id}/{uuid.uuid4().hex}"
-        target = f"{uri}/{relative_dir}"
-        df.drop(PARTITION_COLUMN).write.mode("errorifexists").parquet(target)
+        # Spark writes the partition column into the folder name (Hive style), as Delta expects.
+        # (Not "_"-prefixed: VACUUM must be able to remove the files of a write that never committed.)
+        relative_dir = f"write-{uuid.uuid4().hex}"
+        local_target = f"{uri}/{relative_dir}".replace("file://", "")
+        df.write.mode("errorifexists").partitionBy(PARTITION_COLUMN).parquet(local_target)
 
         actions = []
         rows = 0
         now_ms = int(time.time() * 1000)
-        local_target = target.replace("file://", "")
-        for name in sorted(os.listdir(local_target)):
-            path = os.path.join(local_target, name)
-            if not name.endswith(".parquet"):
-                os.remove(path)  # Spark's _SUCCESS and .crc files: not part of the table
-                continue
-            num_rows = pq.ParquetFile(path).metadata.num_rows
-            rows += num_rows
-            actions.append(
-                AddAction(
-                    path=f"{relative_dir}/{name}",
-                    size=os.path.getsize(path),
-                    partition_values={PARTITION_COLUMN: snapshot_id},
-                    modification_time=now_ms,
-                    data_change=True,
-                    stats=json.dumps({"numRecords": num_rows}),
+        for folder, _, names in os.walk(local_target):
+            partition = os.path.basename(folder)
+            for name in sorted(names):
+                path = os.path.join(folder, name)
+                if not name.endswith(".parquet"):
+                    os.remove(path)  # Spark's _SUCCESS and .crc files: not part of the table
+                    continue
+                value = partition.split("=", 1)[1]
+                num_rows = pq.ParquetFile(path).metadata.num_rows
+                rows += num_rows
+                actions.append(
+                    AddAction(
+                        path=f"{relative_dir}/{partition}/{name}",
+                        size=os.path.getsize(path),
+                        partition_values={PARTITION_COLUMN: value},
+                        modification_time=now_ms,
+                        data_change=True,
+                        stats=json.dumps({"numRecords": num_rows}),
+                    )
                 )
-            )
         dt = DeltaTable(uri)
         try:
             dt.create_write_transaction(
@@ -204,7 +218,7 @@ class DeltaStore(dg.ConfigurableResource):
                 mode="overwrite",
                 schema=arrow_schema,
                 partition_by=[PARTITION_COLUMN],
-                partition_filters=[(PARTITION_COLUMN, "=", snapshot_id)],
+                partition_filters=None if snapshot_id is None else [(PARTITION_COLUMN, "=", snapshot_id)],
             )
         except Exception:
             shutil.rmtree(local_target, ignore_errors=True)
