@@ -21,7 +21,10 @@ SCHEMA_CHECK = "matches_schema"
 MAX_LISTED_ERRORS = 20
 
 
-def read_stage(spark: SparkSession, store: DeltaStore, table: str, snapshot_id: str) -> DataFrame:
+def read_stage(spark: SparkSession, store: DeltaStore, table: str, snapshot_id: str | None) -> DataFrame:
+    """One snapshot of ``table``, or every snapshot when ``snapshot_id`` is None."""
+    if snapshot_id is None:
+        return store.read_all(spark, table, struct_for(table))
     return store.read_snapshot(spark, table, snapshot_id, struct_for(table))
 
 
@@ -50,7 +53,9 @@ def schema_check_spec(table: str) -> dg.AssetCheckSpec:
     )
 
 
-def schema_check(spark: SparkSession, store: DeltaStore, table: str, snapshot_id: str) -> dg.AssetCheckResult:
+def schema_check(
+    spark: SparkSession, store: DeltaStore, table: str, snapshot_id: str | None
+) -> dg.AssetCheckResult:
     """Validate the table as written (read back from Delta) against its pandera model."""
     written = read_stage(spark, store, table, snapshot_id)
     errors = validation_errors(model_for(table), written)

@@ -10,8 +10,14 @@ from typing import Optional, Union
 
 import dagster as dg
 
-from assets import divergence, ingest, operations, watermarks
-from replica_lens.jobs import audit_snapshot, landing_sensor
+from assets import divergence, ingest, operations, trend, watermarks
+from replica_lens.jobs import (
+    audit_snapshot,
+    landing_sensor,
+    reaudit_newest_snapshot,
+    refresh_trend,
+    trend_after_audit,
+)
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource
@@ -28,10 +34,11 @@ def build_definitions(
     delta_engine: str = "auto",
 ) -> dg.Definitions:
     return dg.Definitions(
-        assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations]),
+        assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations, trend]),
         asset_checks=[divergence.no_proven_divergence],
-        jobs=[audit_snapshot],
-        sensors=[landing_sensor],
+        jobs=[audit_snapshot, refresh_trend],
+        schedules=[reaudit_newest_snapshot],
+        sensors=[landing_sensor, trend_after_audit],
         resources={
             "spark": SparkResource(
                 master=spark_master, delta_jars_dir=delta_jars_dir, shuffle_partitions=shuffle_partitions
