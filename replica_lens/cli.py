@@ -48,6 +48,23 @@ def _audit(args: argparse.Namespace) -> int:
     )
 
 
+def _benchmark(args: argparse.Namespace) -> int:
+    from replica_lens.benchmark import benchmark, print_report
+
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    report = benchmark(
+        rows=args.rows,
+        variants=tuple(args.variants.split(",")),
+        out=args.json,
+        workdir=args.workdir,
+        shuffle_partitions=args.shuffle_partitions,
+        keep=args.keep,
+    )
+    print_report(report)
+    print(f"results written to {args.json}")
+    return 0 if all(v["success"] for v in report["variants"]) else EXIT_RUN_FAILED
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replica-lens", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"exit {EXIT_DIVERGENCE} when any key is proven DIVERGENT or MISSING",
     )
     audit.set_defaults(handler=_audit)
+
+    bench = commands.add_parser("benchmark", help="time a full audit per asset against the read-and-count floor")
+    bench.add_argument("--rows", type=int, default=2_000_000, help="version-topic rows to simulate per variant")
+    bench.add_argument("--variants", default="uniform,hot", help="comma-separated: uniform, hot (1%% of keys, half the writes)")
+    bench.add_argument("--json", default="bench-results/benchmark.json", help="where to write the results")
+    bench.add_argument("--workdir", help="folder for the simulated snapshots and tables (default: a temporary one)")
+    bench.add_argument("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions")
+    bench.add_argument("--keep", action="store_true", help="keep the simulated snapshots and tables")
+    bench.set_defaults(handler=_benchmark)
     return parser
 
 
