@@ -1,0 +1,1192 @@
+"""Seeded simulator of an active/active replicated store, behind ``replica-lens simulate``.
+
+It writes a raw topic snapshot (SPEC section 1) plus a ground-truth file listing every
+injected fault and stream anomaly at the exact position where an audit must find it.
+
+Model (SPEC sections 1, 3-7):
+
+- ``regions`` regions each own a real-time topic (RT) per (topic, partition). A region's
+  client writes go to its RT with increasing offsets (``source_offset``) and a hybrid logical
+  clock ``write_ts = physical_ms << 18 | logical``. Every ``heartbeat_every`` of its own writes,
+  and once at the end, the region's leader puts a heartbeat into its RT.
+- Every region's leader consumes every RT. A message reaches a leader after a replication
+  delay (small for its own RT); the leader applies messages in arrival order, which keeps each
+  RT's order but interleaves the RTs differently in every region. Data messages are resolved
+  last-writer-wins on ``(write_ts, source_region)``: a loser is not written to the version topic
+  (VT), but the applied watermark still advances. A heartbeat from region X becomes a HEARTBEAT
+  row in the VT carrying the leader's whole applied watermark as ``hb_vector``.
+- Healthy replicas therefore end in the same state whatever their interleaving; every
+  difference comes from an injected fault and is listed in the ground truth.
+
+Only per-RT cursors, the in-flight messages of each leader and per-key conflict metadata are
+held in memory; rows stream to files in chunks, so tens of millions of rows are fine.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gzip
+import heapq
+import json
+import os
+import random
+import re
+import shutil
+import string
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+__all__ = [
+    "SimulationConfig",
+    "SnapshotExistsError",
+    "add_arguments",
+    "config_from_args",
+    "region_names",
+    "simulate",
+    "topic_names",
+]
+
+SNAPSHOT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+FILE_FORMATS = ("jsonl", "jsonl.gz", "parquet")
+SUCCESS_MARKER = "_SUCCESS"
+
+# Physical clock origin of the simulation (ms since the epoch, 2023-11-14).
+BASE_MS = 1_700_000_000_000
+LOGICAL_BITS = 18
+
+# Message kinds inside the simulation; a FAILOVER placeholder becomes a PUT or DELETE.
+PUT, DELETE, HEARTBEAT, FAILOVER = 0, 1, 2, 3
+_KIND_NAMES = ("PUT", "DELETE", "HEARTBEAT")
+_INF = float("inf")
+
+_TOPIC_STEMS = ("store", "orders", "users", "events", "carts", "payments", "sessions", "profiles")
+
+
+def _opt(default: Any, help: str, **kwargs: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+@dataclass
+class SimulationConfig:
+    """Every knob of a simulated snapshot. All faults and anomalies default to off."""
+
+    seed: int = _opt(7, "random seed; the same seed and options give byte-identical files")
+    regions: int = _opt(3, "number of regions (named dc-a, dc-b, ...)")
+    topics: int = _opt(1, "number of version topics (named store_v1, orders_v1, ...)")
+    partitions: int = _opt(2, "partitions per topic")
+    keys: int = _opt(1000, "distinct keys per topic (key i lives in partition i % partitions)")
+    writes: int = _opt(20000, "upstream client writes in total, across topics, partitions and regions")
+    hot_key_fraction: float = _opt(0.0, "fraction of keys that are hot (0 = uniform key choice)")
+    hot_write_share: float = _opt(0.5, "share of writes that go to the hot keys when hot_key_fraction > 0")
+    delete_fraction: float = _opt(0.1, "share of writes that are DELETEs")
+    heartbeat_every: int = _opt(50, "each region's leader emits a heartbeat into its RT every N own writes, and at the end")
+    write_interval_ms: float = _opt(5.0, "mean time between two writes of one region to one partition")
+    replication_delay_ms: float = _opt(50.0, "mean cross-region replication delay")
+    clock_uncertainty_ms: int = _opt(3, "half-width of every clock interval [t - d, t + d]")
+    exporters: int = _opt(2, "exporters (change-capture consumers) reporting positions per replica partition")
+    exporter_report_every: int = _opt(500, "each exporter reports its position every N version-topic rows")
+    file_format: str = _opt("jsonl", "file format: jsonl, jsonl.gz or parquet", flag="--format", choices=FILE_FORMATS)
+    rows_per_file: int = _opt(1_000_000, "rows per data file before starting the next one")
+    mid_stream_from: Optional[int] = _opt(
+        None, "drop the rows below this offset from every version topic (a mid-stream dump)", type=int
+    )
+    # Faults: they make replicas differ.
+    lost_writes: int = _opt(0, "upstream messages that one replica skips (its watermark still advances)")
+    corrupted_values: int = _opt(0, "messages that one replica writes with a different value")
+    duplicate_deliveries: int = _opt(0, "messages that one replica writes twice (adjacent or a few rows later)")
+    lagging_replica: Optional[str] = _opt(None, "region whose leader stops before the last lag_messages messages", type=str)
+    lag_messages: int = _opt(100, "upstream messages per partition the lagging replica never applies")
+    conflicting_writes: int = _opt(0, "pairs of concurrent writes of one key from two regions with close clocks")
+    # Stream anomalies (SPEC sections 5-7), each listed at its exact position.
+    failover_clock_behind: int = _opt(0, "leader fail-overs whose new leader's clock starts behind (WRITE_TS_REGRESSION)")
+    failover_behind_ms: int = _opt(1000, "how far behind the new leader's clock starts")
+    heartbeat_under_report: int = _opt(0, "heartbeats with an hb_vector component below an earlier one (HEARTBEAT_REGRESSION)")
+    rewind: int = _opt(0, "re-applications of a span of already applied messages (DUPLICATE_OR_REWIND)")
+    rewind_span: int = _opt(3, "rows re-applied by each rewind")
+    stalled_heartbeat: int = _opt(0, "leader stalls making a long applied-time gap between two heartbeats (HEARTBEAT_GAP)")
+    stall_ms: int = _opt(60_000, "length of each stall")
+    wide_clock_interval: int = _opt(0, "heartbeats with a wide applied clock interval (CLOCK_UNCERTAINTY)")
+    wide_clock_ms: int = _opt(500, "half-width of a wide clock interval")
+    exporter_regression: int = _opt(0, "exporter reports lower than the same exporter's earlier report")
+
+    def __post_init__(self) -> None:
+        for name in ("regions", "topics", "partitions", "keys", "heartbeat_every", "rows_per_file"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.regions > 26 * 27:
+            raise ValueError(f"regions must be at most {26 * 27}")
+        for name in (
+            "writes", "exporters", "lost_writes", "corrupted_values", "duplicate_deliveries", "lag_messages",
+            "conflicting_writes", "failover_clock_behind", "failover_behind_ms", "heartbeat_under_report", "rewind",
+            "stalled_heartbeat", "stall_ms", "wide_clock_interval", "wide_clock_ms", "exporter_regression",
+            "clock_uncertainty_ms",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        for name in ("hot_key_fraction", "hot_write_share", "delete_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)}")
+        if self.write_interval_ms <= 0 or self.replication_delay_ms < 0:
+            raise ValueError("write_interval_ms must be positive and replication_delay_ms not negative")
+        if self.exporter_report_every < 1:
+            raise ValueError("exporter_report_every must be at least 1")
+        if self.rewind_span < 1:
+            raise ValueError("rewind_span must be at least 1")
+        if self.file_format not in FILE_FORMATS:
+            raise ValueError(f"file_format must be one of {', '.join(FILE_FORMATS)}, got {self.file_format!r}")
+        if self.mid_stream_from is not None and self.mid_stream_from < 0:
+            raise ValueError("mid_stream_from must not be negative")
+        if self.lagging_replica is not None and self.lagging_replica not in region_names(self.regions):
+            raise ValueError(
+                f"lagging_replica {self.lagging_replica!r} is not one of {', '.join(region_names(self.regions))}"
+            )
+        if self.conflicting_writes and self.regions < 2:
+            raise ValueError("conflicting_writes needs at least two regions")
+        if self.failover_clock_behind and self.failover_behind_ms < 1:
+            raise ValueError("failover_behind_ms must be at least 1 for failover_clock_behind")
+        if self.wide_clock_interval and self.wide_clock_ms <= self.clock_uncertainty_ms:
+            raise ValueError("wide_clock_ms must exceed clock_uncertainty_ms for wide_clock_interval")
+        if self.stalled_heartbeat and self.stall_ms < 1:
+            raise ValueError("stall_ms must be at least 1 for stalled_heartbeat")
+        if self.exporter_regression and not self.exporters:
+            raise ValueError("exporter_regression needs at least one exporter")
+
+
+class SnapshotExistsError(ValueError):
+    """The snapshot folder is already there (pass overwrite=True to replace it)."""
+
+
+def region_names(n: int) -> list[str]:
+    letters = string.ascii_lowercase
+    names = [f"dc-{c}" for c in letters] + [f"dc-{a}{b}" for a in letters for b in letters]
+    return names[:n]
+
+
+def topic_names(n: int) -> list[str]:
+    return [_TOPIC_STEMS[i] + "_v1" if i < len(_TOPIC_STEMS) else f"topic{i}_v1" for i in range(n)]
+
+
+# --------------------------------------------------------------------------- output files
+
+
+class _Sink:
+    """Rows of one (replica, topic, partition), streamed into rotating files under temporary names."""
+
+    def __init__(self, folder: Path, replica: str, topic: str, partition: int, config: SimulationConfig):
+        self.folder = folder
+        self.replica, self.topic, self.partition = replica, topic, partition
+        self.stem = f"{replica}.{topic}.p{partition}"
+        self.rows_per_file = config.rows_per_file
+        self.skip_below = config.mid_stream_from or 0
+        self.counts = {"START_OF_PUSH": 0, "PUT": 0, "DELETE": 0, "HEARTBEAT": 0, "EXPORTER_POSITION": 0}
+        self.files: list[str] = []
+        self.in_file = 0
+        self._tmp: Optional[Path] = None
+
+    def _next_path(self, ext: str) -> Path:
+        name = f"{self.stem}.{len(self.files):05d}.{ext}"
+        self.files.append(name)
+        self._tmp = self.folder / f".{name}.inprogress"
+        return self._tmp
+
+    def _publish(self) -> None:
+        os.replace(self._tmp, self.folder / self.files[-1])
+        self._tmp = None
+
+
+class _JsonSink(_Sink):
+    _CHUNK = 4096
+
+    def __init__(self, folder, replica, topic, partition, config, gz: bool):
+        super().__init__(folder, replica, topic, partition, config)
+        self.gz = gz
+        self.pre = '{"replica": %s, "topic": %s, "partition": %d' % (json.dumps(replica), json.dumps(topic), partition)
+        self.pre_off = self.pre + ', "offset": '
+        self.lines: list[str] = []
+        self.fh = None
+        self.raw = None
+        self.puts = self.deletes = 0
+        self.spill_at = min(self._CHUNK, self.rows_per_file)  # in_file count at which the buffer is written
+
+    def _open(self) -> None:
+        path = self._next_path("jsonl.gz" if self.gz else "jsonl")
+        if self.gz:
+            self.raw = open(path, "wb")
+            # mtime=0 and no file name keep the gzip header, and so the file, byte-identical across runs.
+            self.fh = gzip.GzipFile(filename="", mode="wb", fileobj=self.raw, compresslevel=6, mtime=0)
+        else:
+            self.fh = open(path, "w", encoding="utf-8", newline="\n")
+
+    def _spill(self) -> None:
+        if self.fh is None:
+            self._open()
+        if self.lines:
+            text = "".join(self.lines)
+            self.fh.write(text.encode("utf-8") if self.gz else text)
+            self.lines = []
+        if self.in_file >= self.rows_per_file:
+            self.fh.close()
+            if self.raw is not None:
+                self.raw.close()
+                self.raw = None
+            self.fh = None
+            self._publish()
+            self.in_file = 0
+        self.spill_at = min(self.in_file + self._CHUNK, self.rows_per_file)
+
+    def _add(self, line: str) -> None:
+        self.lines.append(line)
+        self.in_file += 1
+        if self.in_file >= self.spill_at:
+            self._spill()
+
+    def close(self) -> None:
+        if self.lines:
+            self._spill()
+        if self.fh is not None:
+            self.in_file = self.rows_per_file
+            self._spill()
+        self.counts["PUT"] += self.puts
+        self.counts["DELETE"] += self.deletes
+        self.puts = self.deletes = 0
+
+    def start_of_push(self, off: int, epoch: int) -> None:
+        if off < self.skip_below:
+            return
+        self.counts["START_OF_PUSH"] += 1
+        self._add(f'{self.pre_off}{off}, "leader_epoch": {epoch}, "kind": "START_OF_PUSH"}}\n')
+
+    def data(self, off, epoch, key, value, src, soff, wts) -> None:
+        if off < self.skip_below:
+            return
+        # The hot path: one f-string per row, appended straight to the buffer.
+        if value is None:
+            self.deletes += 1
+            self.lines.append(
+                f'{self.pre_off}{off}, "leader_epoch": {epoch}, "kind": "DELETE", "key": "{key}", '
+                f'"source_region": "{src}", "source_offset": {soff}, "write_ts": {wts}}}\n'
+            )
+        else:
+            self.puts += 1
+            self.lines.append(
+                f'{self.pre_off}{off}, "leader_epoch": {epoch}, "kind": "PUT", "key": "{key}", "value": "{value}", '
+                f'"source_region": "{src}", "source_offset": {soff}, "write_ts": {wts}}}\n'
+            )
+        self.in_file += 1
+        if self.in_file >= self.spill_at:
+            self._spill()
+
+    def heartbeat(self, off, epoch, src, soff, vector, omin, omax, amin, amax) -> None:
+        if off < self.skip_below:
+            return
+        self.counts["HEARTBEAT"] += 1
+        vec = ", ".join(f'"{r}": {o}' for r, o in vector)
+        self._add(
+            f'{self.pre_off}{off}, "leader_epoch": {epoch}, "kind": "HEARTBEAT", "source_region": "{src}", '
+            f'"source_offset": {soff}, "hb_vector": {{{vec}}}, "origin_ts_min_ms": {omin}, '
+            f'"origin_ts_max_ms": {omax}, "applied_ts_min_ms": {amin}, "applied_ts_max_ms": {amax}}}\n'
+        )
+
+    def exporter_position(self, exporter: str, exported: int, reported_at: int) -> None:
+        self.counts["EXPORTER_POSITION"] += 1
+        self._add(
+            f'{self.pre}, "kind": "EXPORTER_POSITION", "exporter": "{exporter}", '
+            f'"exported_offset": {exported}, "reported_at_ms": {reported_at}}}\n'
+        )
+
+
+def parquet_schema():
+    """The Parquet schema of snapshot files: SPEC section 1 field names, hb_vector as map<string,int64>."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("replica", pa.string()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("kind", pa.string()),
+            ("key", pa.string()),
+            ("value", pa.string()),
+            ("source_region", pa.string()),
+            ("source_offset", pa.int64()),
+            ("hb_vector", pa.map_(pa.string(), pa.int64())),
+            ("origin_ts_min_ms", pa.int64()),
+            ("origin_ts_max_ms", pa.int64()),
+            ("applied_ts_min_ms", pa.int64()),
+            ("applied_ts_max_ms", pa.int64()),
+            ("write_ts", pa.int64()),
+            ("leader_epoch", pa.int64()),
+            ("exporter", pa.string()),
+            ("exported_offset", pa.int64()),
+            ("reported_at_ms", pa.int64()),
+        ]
+    )
+
+
+class _ParquetSink(_Sink):
+    _CHUNK = 32_768
+    # Columns filled per row; replica, topic and partition are constant within a sink.
+    _VARYING = (
+        "offset", "kind", "key", "value", "source_region", "source_offset", "hb_vector", "origin_ts_min_ms",
+        "origin_ts_max_ms", "applied_ts_min_ms", "applied_ts_max_ms", "write_ts", "leader_epoch", "exporter",
+        "exported_offset", "reported_at_ms",
+    )
+
+    def __init__(self, folder, replica, topic, partition, config):
+        super().__init__(folder, replica, topic, partition, config)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.pa, self.pq = pa, pq
+        self.schema = parquet_schema()
+        self.writer = None
+        self.rows: list[tuple] = []
+
+    def _flush(self) -> None:
+        if not self.rows:
+            return
+        if self.writer is None:
+            self.writer = self.pq.ParquetWriter(self._next_path("parquet"), self.schema)
+            self.in_file = 0
+        n = len(self.rows)
+        columns = list(zip(*self.rows))
+        arrays = [
+            self.pa.array([self.replica] * n, self.pa.string()),
+            self.pa.array([self.topic] * n, self.pa.string()),
+            self.pa.array([self.partition] * n, self.pa.int32()),
+        ]
+        for name, values in zip(self._VARYING, columns):
+            arrays.append(self.pa.array(values, self.schema.field(name).type))
+        self.writer.write_table(self.pa.Table.from_arrays(arrays, schema=self.schema))
+        self.in_file += n
+        self.rows = []
+
+    def _add(self, row: tuple) -> None:
+        self.rows.append(row)
+        if len(self.rows) >= self._CHUNK or self.in_file + len(self.rows) >= self.rows_per_file:
+            self._flush()
+            if self.in_file >= self.rows_per_file:
+                self._close_file()
+
+    def _close_file(self) -> None:
+        self.writer.close()
+        self.writer = None
+        self._publish()
+
+    def close(self) -> None:
+        self._flush()
+        if self.writer is not None:
+            self._close_file()
+
+    def start_of_push(self, off, epoch) -> None:
+        if off < self.skip_below:
+            return
+        self.counts["START_OF_PUSH"] += 1
+        self._add((off, "START_OF_PUSH", None, None, None, None, None, None, None, None, None, None, epoch, None, None, None))
+
+    def data(self, off, epoch, key, value, src, soff, wts) -> None:
+        if off < self.skip_below:
+            return
+        kind = "DELETE" if value is None else "PUT"
+        self.counts[kind] += 1
+        self._add((off, kind, key, value, src, soff, None, None, None, None, None, wts, epoch, None, None, None))
+
+    def heartbeat(self, off, epoch, src, soff, vector, omin, omax, amin, amax) -> None:
+        if off < self.skip_below:
+            return
+        self.counts["HEARTBEAT"] += 1
+        self._add((off, "HEARTBEAT", None, None, src, soff, vector, omin, omax, amin, amax, None, epoch, None, None, None))
+
+    def exporter_position(self, exporter, exported, reported_at) -> None:
+        self.counts["EXPORTER_POSITION"] += 1
+        self._add((None, "EXPORTER_POSITION", None, None, None, None, None, None, None, None, None, None, None,
+                   exporter, exported, reported_at))
+
+
+# --------------------------------------------------------------------------- the simulation
+
+
+class _Leader:
+    """The leader of one region for one (topic, partition): applies messages and writes its VT."""
+
+    def __init__(self, sim: "_PartitionSim", idx: int, limit: int, triggers: list[tuple[int, str]], sink):
+        self.sim = sim
+        self.idx = idx
+        self.name = sim.regions[idx]
+        self.limit = limit  # messages this leader applies (fewer than all for the lagging replica)
+        self.sink = sink
+        self.n = 0
+        self.off = 0
+        self.epoch = 1
+        self.now = 0  # applied clock, microseconds since BASE_MS
+        self.floor = 0  # a stalled leader applies nothing before this time
+        self.win: dict[str, tuple] = {}  # key -> (write_ts, source idx, value or None, vt offset)
+        self.wm = [-1] * len(sim.regions)  # applied high watermark per source region
+        self.shadow: dict[str, Optional[tuple]] = {}  # fault keys: the state without the fault
+        self.triggers = sorted(triggers, reverse=True)
+        self.next_arm = self.triggers[-1][0] if self.triggers else _INF
+        self.armed: list[str] = []  # faults waiting for an eligible data message
+        self.slow = False
+        self.dup: Optional[dict] = None  # pending duplicate delivery
+        self.rewinds = 0
+        self.recent: list[tuple] = []  # recent data rows, collected while a rewind is armed
+        self.failover_soffs: set[int] = set()  # RT offsets of this region's pending fail-over retries
+        # Heartbeat anomalies.
+        self.wide = 0
+        self.stalls = 0
+        self.gap_open: Optional[dict] = None
+        self.under = 0
+        self.under_waited = 0
+        self.seg: Optional[list[tuple]] = None  # data rows since the last heartbeat, while an under-report waits
+        self.last_true_hb: Optional[list[int]] = None
+        self.last_hb_amid: Optional[int] = None
+        self.natural_max_gap_ms = 0
+        # Exporters.
+        self.exp_rng = random.Random(f"exporters:{sim.seed_key}:{self.name}")
+        self.exp_max = [-1] * len(sim.exporters)
+        self.exp_at = [0] * len(sim.exporters)
+        self.exp_regress = 0
+        self.every = sim.config.exporter_report_every
+        self.next_report = self.every - 1
+        sink.start_of_push(0, self.epoch)
+        self.off = 1
+
+    # ---- the hot path
+
+    def apply(self, msg: tuple, arrival: int) -> None:
+        if self.n >= self.limit:
+            return
+        self.n += 1
+        if self.n >= self.next_arm:
+            self._arm()
+        self.now = arrival if arrival > self.floor else self.floor
+        x = msg[0]
+        self.wm[x] = msg[1]
+        if self.slow:
+            self._apply_slow(msg)
+            return
+        if msg[2] == HEARTBEAT:
+            self._heartbeat(x, msg[1], msg[6])
+            return
+        k = msg[3]
+        wts = msg[5]
+        cur = self.win.get(k)
+        if cur is not None and (wts < cur[0] or (wts == cur[0] and x <= cur[1])):
+            return  # loses last-writer-wins: nothing written, the watermark has advanced
+        off = self.off
+        self.off = off + 1
+        self.win[k] = (wts, x, msg[4], off)
+        self.sink.data(off, self.epoch, k, msg[4], self.sim.regions[x], msg[1], wts)
+        if off >= self.next_report:
+            self._report()
+
+    # ---- faults and anomalies
+
+    def _arm(self) -> None:
+        while self.triggers and self.triggers[-1][0] <= self.n:
+            _, what = self.triggers.pop()
+            if what == "rewind":
+                self.rewinds += 1
+                self.recent = []
+            elif what == "heartbeat_under_report":
+                self.under += 1
+            elif what == "stalled_heartbeat":
+                self.stalls += 1
+            elif what == "wide_clock_interval":
+                self.wide += 1
+            elif what == "exporter_regression":
+                self.exp_regress += 1
+            else:
+                self.armed.append(what)
+        self.next_arm = self.triggers[-1][0] if self.triggers else _INF
+        self._update_slow()
+
+    def _update_slow(self) -> None:
+        self.slow = bool(
+            self.armed or self.shadow or self.dup or self.rewinds or self.under or self.failover_soffs
+        )
+
+    def _apply_slow(self, msg: tuple) -> None:
+        x, soff, kind, k, val, wts, t = msg
+        if kind == HEARTBEAT:
+            self._heartbeat(x, soff, t)
+            self._after_row(None)
+            return
+        if x == self.idx and soff in self.failover_soffs:
+            self._failover_row(msg)
+            return
+        if k in self.shadow:
+            s = self.shadow[k]
+            if s is None or wts > s[0] or (wts == s[0] and x > s[1]):
+                self.shadow[k] = (wts, x, val)
+        cur = self.win.get(k)
+        if cur is not None and (wts < cur[0] or (wts == cur[0] and x <= cur[1])):
+            return
+        fault = None
+        if self.armed and k not in self.sim.used_keys:
+            for i, what in enumerate(self.armed):
+                if (what == "corrupted_value" and val is None) or (what == "duplicate_delivery" and self.dup):
+                    continue
+                fault = self.armed.pop(i)
+                self.sim.used_keys.add(k)
+                break
+        region = self.sim.regions[x]
+        if fault == "lost_write":
+            self.shadow[k] = (wts, x, val)
+            self.sim.record_fault(self, "lost_write", k, region, soff, None, write_ts=wts, value=val)
+            self._update_slow()
+            return
+        stored = val
+        if fault == "corrupted_value":
+            stored = val + "-corrupt"
+            self.shadow[k] = (wts, x, val)
+        off = self._data_row(k, stored, region, soff, wts)
+        self.win[k] = (wts, x, stored, off)
+        if fault == "corrupted_value":
+            self.sim.record_fault(self, "corrupted_value", k, region, soff, off, write_ts=wts, value=val,
+                                  written_value=stored)
+        elif fault == "duplicate_delivery":
+            gap = self.sim.rng.randint(0, 3)
+            self.dup = {"due": off + 1 + gap, "row": (k, stored, region, soff, wts), "x": x, "original": off}
+        self._after_row((k, stored, region, soff, wts))
+        self._update_slow()
+
+    def _data_row(self, k, val, region, soff, wts) -> int:
+        """Write a data row (after a due or same-key pending duplicate) and return its offset."""
+        if self.dup is not None and (self.dup["due"] <= self.off or self.dup["row"][0] == k):
+            self._flush_dup()
+        off = self.off
+        self.off = off + 1
+        self.sink.data(off, self.epoch, k, val, region, soff, wts)
+        if self.seg is not None:
+            self.seg.append((off, region, soff))
+        if off >= self.next_report:
+            self._report()
+        return off
+
+    def _flush_dup(self) -> None:
+        dup, self.dup = self.dup, None
+        k, val, region, soff, wts = dup["row"]
+        off = self.off
+        self.off = off + 1
+        self.sink.data(off, self.epoch, k, val, region, soff, wts)
+        if self.seg is not None:
+            self.seg.append((off, region, soff))
+        if off >= self.next_report:
+            self._report()
+        cur = self.win[k]
+        self.win[k] = (cur[0], cur[1], cur[2], off)
+        self.recent = []
+        self.sim.record_fault(self, "duplicate_delivery", k, region, soff, off, write_ts=wts, value=val,
+                              original_vt_offset=dup["original"])
+        self._update_slow()
+
+    def _after_row(self, data_row: Optional[tuple]) -> None:
+        """Bookkeeping after a row in slow mode: a due duplicate, then a rewind once its span is ready."""
+        if self.dup is not None and self.dup["due"] <= self.off:
+            self._flush_dup()
+            return
+        if not self.rewinds or self.dup is not None:
+            return
+        if data_row is None:
+            self.recent = []
+            return
+        keys = [r[0] for r in self.recent]
+        if data_row[0] in keys:
+            self.recent = self.recent[keys.index(data_row[0]) + 1:]
+        self.recent.append(data_row)
+        if len(self.recent) >= self.sim.config.rewind_span:
+            self._rewind()
+
+    def _rewind(self) -> None:
+        # The span is the latest rows and holds each key once, so re-applying it leaves every
+        # key at its current value and write_ts: only DUPLICATE_OR_REWIND can flag it.
+        span, self.recent = self.recent, []
+        self.rewinds -= 1
+        offsets = []
+        for k, val, region, soff, wts in span:
+            off = self._data_row(k, val, region, soff, wts)
+            cur = self.win[k]
+            self.win[k] = (cur[0], cur[1], cur[2], off)
+            offsets.append(off)
+        first = span[0]
+        self.sim.record_anomaly(
+            self, "DUPLICATE_OR_REWIND", "rewind", offsets[0], offsets=offsets, key=first[0],
+            source_region=first[2], source_offset=first[3],
+            rewound=[{"offset": o, "key": r[0], "source_region": r[2], "source_offset": r[3]} for o, r in zip(offsets, span)],
+        )
+        self._update_slow()
+
+    def make_retry(self, msg: tuple) -> tuple:
+        """Fill the fail-over placeholder of this region's RT: a client retry stamped by a clock behind."""
+        best = None
+        for k, cur in self.win.items():
+            if cur[1] == self.idx and k not in self.sim.used_keys and (best is None or cur[3] > best[1][3]):
+                best = (k, cur)
+        x, soff, _, _, _, slot_wts, t = msg
+        if best is None:
+            self.sim.warnings.append(
+                f"failover_clock_behind not injected in {self.name} {self.sim.topic}/{self.sim.partition}: "
+                "no key written from this region yet"
+            )
+            k = self.sim.any_key()
+            return (x, soff, PUT, k, f"v{self.sim.letters[x]}{soff}", slot_wts, t)
+        k, cur = best
+        self.sim.used_keys.add(k)
+        behind = max(0, (cur[0] >> LOGICAL_BITS) - self.sim.config.failover_behind_ms) << LOGICAL_BITS
+        self.failover_soffs.add(soff)
+        self._update_slow()
+        return (x, soff, PUT if cur[2] is not None else DELETE, k, cur[2], behind, t)
+
+    def _failover_row(self, msg: tuple) -> None:
+        x, soff, kind, k, _, wts, _ = msg
+        self.failover_soffs.discard(soff)
+        cur = self.win[k]
+        # The new leader trusts its own clock and writes the retry without conflict resolution;
+        # it re-writes the key's current value, and keeps the key's conflict metadata, so the
+        # replicas still agree on values. Every other leader drops the message by LWW.
+        self.epoch += 1
+        off = self._data_row(k, cur[2], self.name, soff, wts)
+        self.win[k] = (cur[0], cur[1], cur[2], off)
+        self.sim.record_anomaly(
+            self, "WRITE_TS_REGRESSION", "failover_clock_behind", off, key=k, source_region=self.name,
+            source_offset=soff, write_ts=wts, previous_offset=cur[3], previous_write_ts=cur[0],
+            leader_epoch=self.epoch, previous_leader_epoch=self.epoch - 1,
+        )
+        # The retry is not the key's current write, so no rewind may re-apply it.
+        self._after_row(None)
+        self._update_slow()
+
+    # ---- heartbeats and exporter reports
+
+    def _heartbeat(self, x: int, soff: int, t_origin: int) -> None:
+        sim = self.sim
+        if self.dup is not None and self.dup["due"] <= self.off:
+            self._flush_dup()
+        off = self.off
+        self.off = off + 1
+        d = sim.config.clock_uncertainty_ms
+        amid = BASE_MS + self.now // 1000
+        omid = BASE_MS + t_origin // 1000
+        wm = self.wm
+        regions = sim.regions
+        vector = [(regions[i], wm[i]) for i in range(len(wm)) if wm[i] >= 0]
+        anomalies = []
+        if self.under:
+            vector = self._under_report(off, x, vector, anomalies)
+        if not anomalies:  # an under-reported vector is no baseline for the next one
+            self.last_true_hb = list(wm)
+        half = d
+        if self.wide:
+            self.wide -= 1
+            half = sim.config.wide_clock_ms
+            anomalies.append(("CLOCK_UNCERTAINTY", "wide_clock_interval",
+                              {"interval": "applied", "width_ms": 2 * half}))
+        self.sink.heartbeat(off, self.epoch, regions[x], soff, vector, omid - d, omid + d, amid - half, amid + half)
+        if self.gap_open is not None:
+            gap = self.gap_open
+            self.gap_open = None
+            anomalies.append(("HEARTBEAT_GAP", "stalled_heartbeat",
+                              {"previous_offset": gap["offset"], "gap_ms": amid - gap["amid"]}))
+        elif self.last_hb_amid is not None:
+            self.natural_max_gap_ms = max(self.natural_max_gap_ms, amid - self.last_hb_amid)
+        self.last_hb_amid = amid
+        if self.stalls:
+            self.stalls -= 1
+            self.floor = self.now + sim.config.stall_ms * 1000
+            self.gap_open = {"offset": off, "amid": amid}
+        for anomaly, cause, extra in anomalies:
+            sim.record_anomaly(self, anomaly, cause, off, source_region=regions[x], source_offset=soff, **extra)
+        if off >= self.next_report:
+            self._report()
+
+    def _under_report(self, off: int, x: int, vector: list, anomalies: list) -> list:
+        """Lower one hb_vector component below the previous heartbeat's, when a segment is tracked."""
+        if self.seg is None or self.last_true_hb is None:
+            self.seg = []  # track the coming segment so that its data rows beyond the heartbeat are known
+            return vector
+        seg, self.seg = self.seg, []
+        prev = self.last_true_hb
+        regions = self.sim.regions
+        best = None
+        for c in range(len(regions)):
+            if c == x or prev[c] < 1:
+                continue
+            beyond = [r for r in seg if r[1] == regions[c] and r[2] > prev[c] - 1]
+            if best is None or len(beyond) < len(best[1]):
+                best = (c, beyond)
+        self.under_waited += 1
+        # Waiting a while for a segment with no rows from the lowered component keeps the
+        # under-report from also putting data rows beyond it (listed exactly when it does).
+        if best is None or (best[1] and self.under_waited < 50 and self.n < 0.9 * self.limit):
+            return vector
+        self.under_waited = 0
+        c, beyond = best
+        self.under -= 1
+        if not self.under:
+            self.seg = None
+            self._update_slow()
+        lowered = prev[c] - 1
+        vector = [(r, lowered if r == regions[c] else o) for r, o in vector]
+        anomalies.append(("HEARTBEAT_REGRESSION", "heartbeat_under_report",
+                          {"component": regions[c], "reported": lowered, "earlier": prev[c]}))
+        for row_off, region, soff in beyond:
+            self.sim.record_anomaly(self, "DATA_BEYOND_HEARTBEAT", "heartbeat_under_report", row_off,
+                                    source_region=region, source_offset=soff, heartbeat_offset=off)
+        return vector
+
+    def _report(self) -> None:
+        self.next_report += self.every
+        last = self.off - 1
+        for e, name in enumerate(self.sim.exporters):
+            lag = int(self.exp_rng.random() * self.every)
+            position = min(last, max(self.exp_max[e], last - lag, 0))
+            self._emit_report(e, name, position)
+        if self.exp_regress:
+            self._regress(self.exp_rng.randrange(len(self.sim.exporters)))
+
+    def _regress(self, e: int) -> None:
+        """One report of exporter e below its highest so far (needs a position of at least 1)."""
+        if self.exp_max[e] < 1:
+            return
+        self.exp_regress -= 1
+        position = int(self.exp_rng.random() * self.exp_max[e])
+        earlier = self.exp_max[e]
+        at = self._emit_report(e, self.sim.exporters[e], position)
+        self.sim.record_anomaly(
+            self, "EXPORTER_REGRESSION", "exporter_regression", None, exporter=self.sim.exporters[e],
+            exported_offset=position, previous_exported_offset=earlier, reported_at_ms=at,
+        )
+
+    def _emit_report(self, e: int, name: str, position: int) -> int:
+        at = max(self.exp_at[e] + 1, BASE_MS + self.now // 1000)
+        self.exp_at[e] = at
+        # A regression report stays below the maximum; later reports never go below it again.
+        self.exp_max[e] = max(self.exp_max[e], position)
+        self.sink.exporter_position(name, position, at)
+        return at
+
+    def finish(self) -> None:
+        if self.dup is not None:
+            self._flush_dup()
+        last = self.off - 1
+        # Regressions still armed when the stream ends (a short partition) go just before the
+        # final reports, after a report high enough to regress from.
+        while self.exp_regress and last >= 2:
+            e = self.exp_rng.randrange(len(self.sim.exporters))
+            if self.exp_max[e] < 1:
+                self._emit_report(e, self.sim.exporters[e], max(1, last - int(self.exp_rng.random() * self.every)))
+            self._regress(e)
+        for e, name in enumerate(self.sim.exporters):
+            lag = 0 if e == 0 else int(self.exp_rng.random() * self.every)
+            self._emit_report(e, name, min(last, max(self.exp_max[e], last - lag, 0)))
+        self.sink.close()
+
+
+class _PartitionSim:
+    """One (topic, partition): every region's RT, and every region's leader consuming them."""
+
+    def __init__(self, plan: "_Plan", ti: int, partition: int, folder: Path):
+        cfg = plan.config
+        self.plan = plan
+        self.config = cfg
+        self.regions = plan.regions
+        self.letters = [r[3:] for r in self.regions]
+        self.exporters = plan.exporters
+        self.topic = plan.topics[ti]
+        self.partition = partition
+        self.seed_key = f"{cfg.seed}:{self.topic}:{partition}"
+        self.rng = random.Random(f"partition:{self.seed_key}")
+        self.warnings = plan.warnings
+        self.used_keys: set[str] = set()
+        tp = (ti, partition)
+        self.keys_hot, self.keys_cold = plan.partition_keys(partition)
+        self.counts = [plan.rt_writes[(ti, partition, x)] for x in range(len(self.regions))]
+        total = sum(n + _heartbeats(n, cfg.heartbeat_every) for n in self.counts)
+        self.conflicts = plan.conflicts.get(tp, [])
+        for c in self.conflicts:
+            self.used_keys.add(c["key"])
+        self.failovers = plan.failovers.get(tp, {})
+        self.leaders = []
+        for i, name in enumerate(self.regions):
+            limit = total - cfg.lag_messages if name == cfg.lagging_replica else total
+            limit = max(0, limit)
+            triggers = [(max(1, int(f * limit)), what) for f, what in plan.triggers.get((ti, partition, i), [])]
+            sink = plan.make_sink(folder, name, self.topic, partition)
+            self.leaders.append(_Leader(self, i, limit, triggers, sink))
+        self.total = total
+
+    def any_key(self) -> str:
+        keys = self.keys_cold or self.keys_hot
+        return keys[self.rng.randrange(len(keys))]
+
+    def record_fault(self, leader: _Leader, fault: str, key: str, region: str, soff: int, vt_offset, **extra) -> None:
+        entry = {
+            "fault": fault, "replica": leader.name, "topic": self.topic, "partition": self.partition, "key": key,
+            "source_region": region, "source_offset": soff, "vt_offset": vt_offset, **extra,
+        }
+        if fault in ("lost_write", "corrupted_value"):
+            entry["final_state_differs"] = None  # filled when the partition is done
+        self.plan.faults.append(entry)
+        if fault == "duplicate_delivery":
+            self.record_anomaly(leader, "DUPLICATE_OR_REWIND", "duplicate_delivery", vt_offset, key=key,
+                                source_region=region, source_offset=soff,
+                                original_offset=extra["original_vt_offset"])
+
+    def record_anomaly(self, leader: _Leader, anomaly: str, cause: str, offset, **extra) -> None:
+        entry = {"anomaly": anomaly, "cause": cause, "replica": leader.name, "topic": self.topic,
+                 "partition": self.partition, "offset": offset, **extra}
+        if offset is not None:
+            entry["in_dump"] = offset >= (self.config.mid_stream_from or 0)
+        self.plan.anomalies.append(entry)
+
+    def _rt(self, x: int):
+        """The messages of region x's RT, in order: (x, source_offset, kind, key, value, write_ts, t_us)."""
+        cfg = self.config
+        rng = random.Random(f"rt:{self.seed_key}:{self.regions[x]}")
+        n = self.counts[x]
+        every = cfg.heartbeat_every
+        mean_us = cfg.write_interval_ms * 1000.0
+        span = max(1, int(2 * mean_us) - 1)
+        hot, cold = self.keys_hot, self.keys_cold
+        if not cold:
+            hot, cold = [], hot
+        n_hot, n_cold = len(hot), len(cold)
+        hot_share = cfg.hot_write_share if n_hot else 0.0
+        del_frac = cfg.delete_fraction
+        letter = self.letters[x]
+        conflicts = sorted((c["t_us"], c["id"], c) for c in self.conflicts if x in c["region_idx"])
+        ci = 0
+        next_conflict = conflicts[0][0] if conflicts else _INF
+        failover_times = self.failovers.get(x, [])
+        fi = 0
+        failover_at = failover_times[0] if failover_times else _INF
+        t = int(rng.random() * mean_us)
+        soff = 0
+        last_phys = -1
+        logical = 0
+        rand = rng.random
+        for i in range(n):
+            t += 1 + int(rand() * span)
+            phys = BASE_MS + t // 1000
+            if phys == last_phys:
+                logical += 1
+            else:
+                last_phys = phys
+                logical = 0
+            wts = (phys << LOGICAL_BITS) | logical
+            if t >= next_conflict:
+                c = conflicts[ci][2]
+                ci += 1
+                next_conflict = conflicts[ci][0] if ci < len(conflicts) else _INF
+                k, val = c["key"], f"c{c['id']}{letter}"
+                c["writes"].append({"source_region": self.regions[x], "source_offset": soff, "write_ts": wts,
+                                    "value": val})
+                yield (x, soff, PUT, k, val, wts, t)
+            elif t >= failover_at:
+                fi += 1
+                failover_at = failover_times[fi] if fi < len(failover_times) else _INF
+                yield (x, soff, FAILOVER, None, None, wts, t)
+            else:
+                if n_hot and rand() < hot_share:
+                    k = hot[int(rand() * n_hot)]
+                else:
+                    k = cold[int(rand() * n_cold)]
+                if rand() < del_frac:
+                    yield (x, soff, DELETE, k, None, wts, t)
+                else:
+                    yield (x, soff, PUT, k, f"v{letter}{soff}", wts, t)
+            soff += 1
+            if (i + 1) % every == 0:
+                yield (x, soff, HEARTBEAT, None, None, None, t)
+                soff += 1
+        if n == 0 or n % every:
+            yield (x, soff, HEARTBEAT, None, None, None, t)
+
+    def run(self) -> None:
+        cfg = self.config
+        nreg = len(self.regions)
+        leaders = self.leaders
+        # Replication delay from RT x to leader L: a fixed base per link plus jitter per message.
+        delay_rng = random.Random(f"links:{self.seed_key}")
+        base = [[0] * nreg for _ in range(nreg)]
+        for L in range(nreg):
+            for x in range(nreg):
+                if L != x:
+                    base[L][x] = int(cfg.replication_delay_ms * 1000 * (0.5 + delay_rng.random()))
+        jitter = [[random.Random(f"jitter:{self.seed_key}:{L}:{x}").random for x in range(nreg)] for L in range(nreg)]
+        last_arrival = [[0] * nreg for _ in range(nreg)]
+        inflight: list[list] = [[] for _ in range(nreg)]
+        gens = [self._rt(x) for x in range(nreg)]
+        heads = []
+        for x, gen in enumerate(gens):
+            first = next(gen, None)
+            if first is not None:
+                heads.append((first[6], x, first))
+        heapq.heapify(heads)
+        push, pop = heapq.heappush, heapq.heappop
+        pairs = [(leaders[L], inflight[L], base[L], jitter[L], last_arrival[L]) for L in range(nreg)]
+        while heads:
+            t, x, msg = heads[0]
+            nxt = next(gens[x], None)
+            if nxt is None:
+                pop(heads)
+            else:
+                heapq.heapreplace(heads, (nxt[6], x, nxt))
+            if msg[2] == FAILOVER:
+                msg = leaders[x].make_retry(msg)
+            soff = msg[1]
+            for leader, queue, lbase, ljit, larr in pairs:
+                b = lbase[x]
+                arrival = t + (b + int(ljit[x]() * b) if b else int(ljit[x]() * 1000))
+                if arrival < larr[x]:
+                    arrival = larr[x]
+                larr[x] = arrival
+                push(queue, (arrival, x, soff, msg))
+                # No later message can arrive before t: everything that arrived earlier is applied now.
+                while queue and queue[0][0] < t:
+                    item = pop(queue)
+                    leader.apply(item[3], item[0])
+        for leader, queue, *_ in pairs:
+            while queue:
+                item = pop(queue)
+                leader.apply(item[3], item[0])
+        for leader in leaders:
+            leader.finish()
+        self._finalize()
+
+    def _finalize(self) -> None:
+        plan = self.plan
+        for leader in self.leaders:
+            if leader.failover_soffs:
+                self.warnings.append(
+                    f"failover_clock_behind in {leader.name} {self.topic}/{self.partition} fell after the applied range"
+                )
+            pending = Counter(leader.armed + [w for _, w in leader.triggers])
+            pending.update({
+                "rewind": leader.rewinds, "heartbeat_under_report": leader.under, "stalled_heartbeat": leader.stalls,
+                "wide_clock_interval": leader.wide, "exporter_regression": leader.exp_regress,
+            })
+            for what, n in pending.items():
+                if n:
+                    self.warnings.append(f"{n} {what} not injected in {leader.name} {self.topic}/{self.partition}")
+            plan.natural_max_gap_ms = max(plan.natural_max_gap_ms, leader.natural_max_gap_ms)
+            for k, clean in leader.shadow.items():
+                actual = leader.win.get(k)
+                differs = _final(actual) != _final(clean)
+                for fault in plan.faults:
+                    if (fault.get("final_state_differs", False) is None and fault["replica"] == leader.name
+                            and fault["topic"] == self.topic and fault["partition"] == self.partition
+                            and fault["key"] == k):
+                        fault["final_state_differs"] = differs
+                if differs:
+                    plan.divergent.append({"topic": self.topic, "partition": self.partition, "key": k,
+                                           "replicas": [leader.name]})
+            for kind, n in leader.sink.counts.items():
+                plan.rows[leader.name][kind] += n
+            plan.files.extend(leader.sink.files)
+        for c in self.conflicts:
+            if len(c["writes"]) == 2:
+                win = max(c["writes"], key=lambda w: (w["write_ts"], w["source_region"]))
+                plan.conflict_entries.append({
+                    "topic": self.topic, "partition": self.partition, "key": c["key"], "writes": c["writes"],
+                    "winner": {"source_region": win["source_region"], "source_offset": win["source_offset"]},
+                })
+            else:
+                self.warnings.append(f"conflicting write {c['id']} not injected: a region ran out of writes first")
+        plan.upstream_messages += self.total
+        plan.lagging.extend(
+            {"replica": lead.name, "topic": self.topic, "partition": self.partition, "applied_messages": lead.n,
+             "missing_messages": self.total - lead.n}
+            for lead in self.leaders if lead.n < self.total
+        )
+
+
+def _final(state: Optional[tuple]) -> tuple:
+    if state is None:
+        return ("ABSENT",)
+    return ("TOMBSTONE",) if state[2] is None else ("VALUE", state[2])
+
+
+def _heartbeats(n: int, every: int) -> int:
+    return n // every + (0 if n and n % every == 0 else 1)
+
+
+class _Plan:
+    """Everything decided before the messages flow: counts per RT, and where each fault goes."""
+
+    def __init__(self, config: SimulationConfig):
+        self.config = config
+        self.regions = region_names(config.regions)
+        self.topics = topic_names(config.topics)
+        self.exporters = [f"exporter-{i}" for i in range(config.exporters)]
+        rng = random.Random(f"plan:{config.seed}")
+        nreg, ntop, npart = config.regions, config.topics, config.partitions
+        cells = [(t, p, x) for t in range(ntop) for p in range(npart) for x in range(nreg)]
+        base, extra = divmod(config.writes, len(cells))
+        self.rt_writes = {cell: base + (1 if i < extra else 0) for i, cell in enumerate(cells)}
+        self.key_width = max(4, len(str(config.keys - 1)))
+        n_hot = 0
+        if config.hot_key_fraction > 0:
+            n_hot = max(1, round(config.keys * config.hot_key_fraction))
+        self.n_hot = n_hot
+        # Fault triggers: a fraction of the leader's applied messages after which the fault waits
+        # for the first eligible message.
+        self.triggers: dict[tuple[int, int, int], list[tuple[float, str]]] = {}
+        tps = [(t, p) for t in range(ntop) for p in range(npart)]
+        for what in ("lost_writes", "corrupted_values", "duplicate_deliveries", "rewind", "heartbeat_under_report",
+                     "stalled_heartbeat", "wide_clock_interval", "exporter_regression"):
+            name = {"lost_writes": "lost_write", "corrupted_values": "corrupted_value",
+                    "duplicate_deliveries": "duplicate_delivery"}.get(what, what)
+            for _ in range(getattr(config, what)):
+                t, p = rng.choice(tps)
+                x = rng.randrange(nreg)
+                self.triggers.setdefault((t, p, x), []).append((rng.uniform(0.05, 0.8), name))
+        self.conflicts: dict[tuple[int, int], list[dict]] = {}
+        for cid in range(config.conflicting_writes):
+            t, p = rng.choice(tps)
+            a, b = rng.sample(range(nreg), 2)
+            duration = min(self.rt_writes[(t, p, x)] for x in range(nreg)) * config.write_interval_ms * 1000
+            hot, cold = self.partition_keys(p)
+            keys = hot + cold
+            taken = {c["key"] for c in self.conflicts.get((t, p), [])}
+            free = [k for k in keys if k not in taken] or keys
+            self.conflicts.setdefault((t, p), []).append({
+                "id": cid, "key": rng.choice(free), "region_idx": (a, b), "t_us": int(rng.uniform(0.1, 0.8) * duration),
+                "writes": [],
+            })
+        self.warnings: list[str] = []
+        # Fail-overs go to distinct leaders first; a leader failing over twice does so at distinct times.
+        self.failovers: dict[tuple[int, int], dict[int, list[int]]] = {}
+        leaders = [(t, p, x) for t, p in tps for x in range(nreg)]
+        for i in range(config.failover_clock_behind):
+            if i % len(leaders) == 0:
+                rng.shuffle(leaders)
+            t, p, x = leaders[i % len(leaders)]
+            duration = self.rt_writes[(t, p, x)] * config.write_interval_ms * 1000
+            times = self.failovers.setdefault((t, p), {}).setdefault(x, [])
+            times.append(int(rng.uniform(0.2, 0.7) * duration))
+            times.sort()
+        # Results, filled as partitions run.
+        self.faults: list[dict] = []
+        self.anomalies: list[dict] = []
+        self.divergent: list[dict] = []
+        self.conflict_entries: list[dict] = []
+        self.lagging: list[dict] = []
+        self.files: list[str] = []
+        self.rows = {r: {"START_OF_PUSH": 0, "PUT": 0, "DELETE": 0, "HEARTBEAT": 0, "EXPORTER_POSITION": 0}
+                     for r in self.regions}
+        self.upstream_messages = 0
+        self.natural_max_gap_ms = 0
+
+    def key_name(self, i: int) -> str:
+        return f"k{i:0{self.key_width}d}"
+
+    def partition_keys(self, partition: int) -> tuple[list[str], list[str]]:
+        idx = range(partition, self.config.keys, self.config.partitions)
+        return ([self.key_name(i) for i in idx if i < self.n_hot], [self.key_name(i) for i in idx if i >= self.n_hot])
+
+    def make_sink(self, folder: Path, replica: str, topic: str, partition: int):
+        fmt = self.config.file_format
+        if fmt == "parquet":
+            return _ParquetSink(folder, replica, topic, partition, self.config)
+        return _JsonSink(folder, replica, topic, partition, self.config, gz=(fmt == "jsonl.gz"))
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.inprogress")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def simulate(out_dir: str | Path, snapshot_id: str, config: SimulationConfig, *, overwrite: bool = False) -> dict:
+    """Write ``<out_dir>/<snapshot_id>/`` (data files, then ``_SUCCESS``) and
+    ``<out_dir>/<snapshot_id>.ground_truth.json``; return a summary of what was written."""
+    if not isinstance(snapshot_id, str) or not SNAPSHOT_ID.fullmatch(snapshot_id):
+        raise ValueError(f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
+    if not isinstance(config, SimulationConfig):
+        raise TypeError("config must be a SimulationConfig")
+    config.__post_init__()  # fields may have been changed after construction
+    out = Path(out_dir)
+    folder = out / snapshot_id
+    truth_path = out / f"{snapshot_id}.ground_truth.json"
+    if folder.exists() or truth_path.exists():
+        if not overwrite:
+            raise SnapshotExistsError(f"snapshot {snapshot_id!r} already exists in {out}; refusing to overwrite it")
+        # The marker goes first so that no reader takes the folder for complete while it is replaced.
+        if (folder / SUCCESS_MARKER).exists():
+            (folder / SUCCESS_MARKER).unlink()
+        if folder.exists():
+            shutil.rmtree(folder)
+        if truth_path.exists():
+            truth_path.unlink()
+    folder.mkdir(parents=True)
+
+    plan = _Plan(config)
+    for ti in range(config.topics):
+        for p in range(config.partitions):
+            _PartitionSim(plan, ti, p, folder).run()
+
+    truth = {
+        "snapshot_id": snapshot_id,
+        "config": dataclasses.asdict(config),
+        "regions": plan.regions,
+        "topics": plan.topics,
+        "partitions": config.partitions,
+        "exporters": plan.exporters,
+        "injected_faults": plan.faults,
+        "anomalies": plan.anomalies,
+        "expected_divergent_keys": sorted(plan.divergent, key=lambda d: (d["topic"], d["partition"], d["key"])),
+        "conflicting_writes": plan.conflict_entries,
+        "lagging": plan.lagging,
+        "bounds": {
+            "natural_max_heartbeat_gap_ms": plan.natural_max_gap_ms,
+            "natural_clock_interval_width_ms": 2 * config.clock_uncertainty_ms,
+        },
+        "warnings": plan.warnings,
+    }
+    _atomic_write_text(truth_path, json.dumps(truth, indent=1) + "\n")
+    _atomic_write_text(folder / SUCCESS_MARKER, "")
+
+    rows_total = sum(sum(kinds.values()) for kinds in plan.rows.values())
+    return {
+        "snapshot_dir": str(folder),
+        "ground_truth": str(truth_path),
+        "files": len(plan.files),
+        "rows_total": rows_total,
+        "rows": {replica: dict(kinds) for replica, kinds in plan.rows.items()},
+        "upstream_messages": plan.upstream_messages,
+        "injected_faults": len(plan.faults),
+        "anomalies": len(plan.anomalies),
+        "expected_divergent_keys": len(plan.divergent),
+        "warnings": plan.warnings,
+    }
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add one ``--flag`` per SimulationConfig field (defaults are the dataclass defaults)."""
+    group = parser.add_argument_group("simulation")
+    for f in dataclasses.fields(SimulationConfig):
+        kind = f.metadata.get("type") or type(f.default)
+        kwargs: dict[str, Any] = {"dest": f.name, "type": kind, "default": f.default,
+                                  "help": f"{f.metadata['help']} (default: {f.default})".replace("%", "%%")}
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        group.add_argument(_flag(f), **kwargs)
+    return parser
+
+
+def config_from_args(ns: argparse.Namespace) -> SimulationConfig:
+    """The SimulationConfig of parsed arguments (fields missing from ``ns`` keep their defaults)."""
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(SimulationConfig) if hasattr(ns, f.name)}
+    return SimulationConfig(**values)

@@ -1,0 +1,488 @@
+"""The seeded simulator behind ``replica-lens simulate`` (SPEC sections 1, 3-7, 9).
+
+Every check reads the files back and recomputes what it asserts from the rows alone (final
+states, watermarks, stream anomalies), so the ground truth is checked against the data, not
+against the simulator's own bookkeeping.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from replica_lens import simulator
+from replica_lens.simulator import SimulationConfig, SnapshotExistsError, add_arguments, config_from_args, simulate
+from schemas.raw import KINDS, MESSAGE_FIELDS, NON_NEGATIVE, REQUIRED_ALWAYS, REQUIRED_BY_KIND
+
+SMALL = dict(writes=3000, keys=200)
+DATA = ("PUT", "DELETE")
+STRING_FIELDS = {"replica", "topic", "kind", "key", "value", "source_region", "exporter"}
+
+
+# --------------------------------------------------------------------------- reading a snapshot back
+
+
+def read_rows(folder: Path) -> list[dict]:
+    rows = []
+    for path in sorted(folder.iterdir()):
+        if path.name.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as fh:
+                rows += [json.loads(line) for line in fh]
+        elif path.name.endswith(".jsonl.gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as fh:
+                rows += [json.loads(line) for line in fh]
+        elif path.name.endswith(".parquet"):
+            for row in pq.read_table(path).to_pylist():
+                row = {k: v for k, v in row.items() if v is not None}
+                if "hb_vector" in row:
+                    row["hb_vector"] = dict(row["hb_vector"])
+                rows.append(row)
+    return rows
+
+
+def run(tmp_path: Path, snapshot_id: str = "snap", **options) -> tuple[Path, dict, list[dict]]:
+    summary = simulate(tmp_path, snapshot_id, SimulationConfig(**options))
+    truth = json.loads(Path(summary["ground_truth"]).read_text())
+    return Path(summary["snapshot_dir"]), truth, read_rows(Path(summary["snapshot_dir"]))
+
+
+def streams(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """VT rows per (replica, topic, partition), in offset order."""
+    out = defaultdict(list)
+    for row in rows:
+        if row["kind"] != "EXPORTER_POSITION":
+            out[(row["replica"], row["topic"], row["partition"])].append(row)
+    return {k: sorted(v, key=lambda r: r["offset"]) for k, v in out.items()}
+
+
+def final_states(stream: list[dict]) -> dict[str, tuple]:
+    state = {}
+    for row in stream:
+        if row["kind"] == "PUT":
+            state[row["key"]] = ("VALUE", row["value"])
+        elif row["kind"] == "DELETE":
+            state[row["key"]] = ("TOMBSTONE",)
+    return state
+
+
+def differing_keys(rows: list[dict]) -> set[tuple]:
+    """(topic, partition, key) whose final state is not the same in every replica."""
+    per_tp = defaultdict(dict)
+    for (replica, topic, partition), stream in streams(rows).items():
+        per_tp[(topic, partition)][replica] = final_states(stream)
+    out = set()
+    for (topic, partition), by_replica in per_tp.items():
+        for key in set().union(*by_replica.values()):
+            if len({states.get(key, ("ABSENT",)) for states in by_replica.values()}) > 1:
+                out.add((topic, partition, key))
+    return out
+
+
+def stream_anomalies(rows: list[dict], gap_bound_ms: int, width_bound_ms: int) -> set[tuple]:
+    """SPEC section 5 and 7 anomalies recomputed from the rows: (anomaly, replica, topic, partition, offset)."""
+    found = set()
+    for (replica, topic, partition), stream in streams(rows).items():
+        where = (replica, topic, partition)
+        seen: dict[str, int] = {}
+        hb_max: dict[str, int] = {}
+        key_ts: dict[str, int] = {}
+        previous_hb = None
+        pending_data: list[dict] = []
+        for row in stream:
+            if row["kind"] in DATA:
+                src, soff = row["source_region"], row["source_offset"]
+                if src in seen and soff <= seen[src]:
+                    found.add(("DUPLICATE_OR_REWIND", *where, row["offset"]))
+                if row["key"] in key_ts and row["write_ts"] < key_ts[row["key"]]:
+                    found.add(("WRITE_TS_REGRESSION", *where, row["offset"]))
+                key_ts[row["key"]] = max(key_ts.get(row["key"], row["write_ts"]), row["write_ts"])
+                seen[src] = max(seen.get(src, soff), soff)
+                pending_data.append(row)
+            elif row["kind"] == "HEARTBEAT":
+                vector = row["hb_vector"]
+                if any(c in hb_max and o < hb_max[c] for c, o in vector.items()):
+                    found.add(("HEARTBEAT_REGRESSION", *where, row["offset"]))
+                for data in pending_data:
+                    if data["source_offset"] > vector.get(data["source_region"], float("inf")):
+                        found.add(("DATA_BEYOND_HEARTBEAT", *where, data["offset"]))
+                pending_data = []
+                for c, o in vector.items():
+                    hb_max[c] = max(hb_max.get(c, o), o)
+                    seen[c] = max(seen.get(c, o), o)
+                mid = (row["applied_ts_min_ms"] + row["applied_ts_max_ms"]) // 2
+                if previous_hb is not None and mid - previous_hb > gap_bound_ms:
+                    found.add(("HEARTBEAT_GAP", *where, row["offset"]))
+                previous_hb = mid
+                widths = (row["applied_ts_max_ms"] - row["applied_ts_min_ms"],
+                          row["origin_ts_max_ms"] - row["origin_ts_min_ms"])
+                if max(widths) > width_bound_ms:
+                    found.add(("CLOCK_UNCERTAINTY", *where, row["offset"]))
+    reports = defaultdict(list)
+    for row in rows:
+        if row["kind"] == "EXPORTER_POSITION":
+            reports[(row["exporter"], row["replica"], row["topic"], row["partition"])].append(row)
+    for (exporter, replica, topic, partition), rs in reports.items():
+        highest = -1
+        for r in sorted(rs, key=lambda r: r["reported_at_ms"]):
+            if r["exported_offset"] < highest:
+                found.add(("EXPORTER_REGRESSION", replica, topic, partition, (exporter, r["reported_at_ms"])))
+            highest = max(highest, r["exported_offset"])
+    return found
+
+
+def truth_anomalies(truth: dict) -> set[tuple]:
+    out = set()
+    for a in truth["anomalies"]:
+        where = (a["replica"], a["topic"], a["partition"])
+        if a["anomaly"] == "EXPORTER_REGRESSION":
+            out.add((a["anomaly"], *where, (a["exporter"], a["reported_at_ms"])))
+        else:
+            for offset in a.get("offsets", [a["offset"]]):
+                out.add((a["anomaly"], *where, offset))
+    return out
+
+
+def recomputed(truth: dict, rows: list[dict]) -> set[tuple]:
+    bounds = truth["bounds"]
+    return stream_anomalies(rows, bounds["natural_max_heartbeat_gap_ms"], bounds["natural_clock_interval_width_ms"])
+
+
+# --------------------------------------------------------------------------- determinism and format
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet"])
+def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(tmp_path, fmt):
+    options = dict(SMALL, file_format=fmt, lost_writes=1, duplicate_deliveries=1, conflicting_writes=1)
+    a = Path(simulate(tmp_path / "a", "s", SimulationConfig(seed=3, **options))["snapshot_dir"])
+    b = Path(simulate(tmp_path / "b", "s", SimulationConfig(seed=3, **options))["snapshot_dir"])
+    c = Path(simulate(tmp_path / "c", "s", SimulationConfig(seed=4, **options))["snapshot_dir"])
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+    assert (tmp_path / "a" / "s.ground_truth.json").read_bytes() == (tmp_path / "b" / "s.ground_truth.json").read_bytes()
+    assert any((a / n).read_bytes() != (c / n).read_bytes() for n in names if n != "_SUCCESS")
+
+
+def test_every_row_conforms_to_section_1(tmp_path):
+    _, _, rows = run(tmp_path, **SMALL, exporters=2, exporter_report_every=100, duplicate_deliveries=2, rewind=1)
+    assert rows
+    for row in rows:
+        assert set(row) <= set(MESSAGE_FIELDS), row
+        assert row["kind"] in KINDS
+        for name in REQUIRED_ALWAYS + REQUIRED_BY_KIND[row["kind"]]:
+            assert name in row, (name, row)
+        for name, value in row.items():
+            if name == "hb_vector":
+                assert all(isinstance(c, str) and isinstance(o, int) and o >= 0 for c, o in value.items())
+            elif name in STRING_FIELDS:
+                assert isinstance(value, str) and value
+            else:
+                assert isinstance(value, int) and not isinstance(value, bool), (name, row)
+        assert all(row[name] >= 0 for name in NON_NEGATIVE if name in row)
+        if row["kind"] == "EXPORTER_POSITION":
+            assert "offset" not in row
+        if row["kind"] == "HEARTBEAT":
+            assert row["origin_ts_min_ms"] <= row["origin_ts_max_ms"]
+            assert row["applied_ts_min_ms"] <= row["applied_ts_max_ms"]
+            assert row["hb_vector"][row["source_region"]] == row["source_offset"]
+    by_stream = streams(rows)
+    assert set(by_stream) == {(r, "store_v1", p) for r in ("dc-a", "dc-b", "dc-c") for p in (0, 1)}
+    for stream in by_stream.values():
+        assert [r["offset"] for r in stream] == list(range(len(stream)))
+        assert stream[0]["kind"] == "START_OF_PUSH"
+        assert all(r["kind"] != "START_OF_PUSH" for r in stream[1:])
+    assert Counter(r["kind"] for r in rows)["EXPORTER_POSITION"] > 0
+
+
+def test_each_file_format_round_trips_the_same_rows(tmp_path):
+    options = dict(SMALL, lost_writes=1, corrupted_values=1, heartbeat_under_report=1, exporter_regression=1)
+    canon = {}
+    for fmt in ("jsonl", "jsonl.gz", "parquet"):
+        folder, _, rows = run(tmp_path / fmt.replace(".", "_"), **options, file_format=fmt)
+        assert all(p.name == "_SUCCESS" or p.name.endswith("." + fmt) for p in folder.iterdir())
+        canon[fmt] = Counter(json.dumps(r, sort_keys=True) for r in rows)
+    assert canon["jsonl"] == canon["jsonl.gz"] == canon["parquet"]
+    assert sum(canon["jsonl"].values()) > 3000
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_files_rotate_at_rows_per_file_without_changing_rows(tmp_path, fmt):
+    folder, _, rows = run(tmp_path / "small", **SMALL, file_format=fmt, rows_per_file=400)
+    _, _, whole = run(tmp_path / "whole", **SMALL, file_format=fmt)
+    files = [p for p in folder.iterdir() if p.name != "_SUCCESS"]
+    assert len(files) > 6
+    for path in files:
+        n = pq.read_metadata(path).num_rows if fmt == "parquet" else len(path.read_text().splitlines())
+        assert 0 < n <= 400
+    assert Counter(json.dumps(r, sort_keys=True) for r in rows) == Counter(json.dumps(r, sort_keys=True) for r in whole)
+
+
+# --------------------------------------------------------------------------- the snapshot folder
+
+
+def test_success_is_written_last_and_ground_truth_sits_outside_the_folder(tmp_path, monkeypatch):
+    published = []
+    real_replace = os.replace
+
+    def recording_replace(src, dst):
+        published.append(Path(dst))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(simulator.os, "replace", recording_replace)
+    summary = simulate(tmp_path, "snap", SimulationConfig(**SMALL, rows_per_file=1000))
+    folder = tmp_path / "snap"
+    assert published[-1] == folder / "_SUCCESS"
+    assert (folder / "_SUCCESS").read_bytes() == b""
+    assert published[-2] == tmp_path / "snap.ground_truth.json"
+    assert Path(summary["ground_truth"]) == tmp_path / "snap.ground_truth.json"
+    assert not (folder / "snap.ground_truth.json").exists()
+    assert sorted(folder.iterdir()) == sorted(published[:-2] + [folder / "_SUCCESS"])
+    assert not any(p.name.endswith(".inprogress") for p in folder.iterdir())
+    assert summary["files"] == len(published) - 2
+    assert summary["rows_total"] == sum(sum(kinds.values()) for kinds in summary["rows"].values())
+
+
+@pytest.mark.parametrize("bad", ["", ".hidden", "-x", "a/b", "../escape", "a b", "x\n", "é", "a" * 129, None])
+def test_invalid_snapshot_ids_are_refused(tmp_path, bad):
+    with pytest.raises(ValueError, match="snapshot id"):
+        simulate(tmp_path, bad, SimulationConfig(**SMALL))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_snapshot_is_not_overwritten_unless_asked(tmp_path):
+    simulate(tmp_path, "snap", SimulationConfig(**SMALL, seed=1))
+    before = (tmp_path / "snap.ground_truth.json").read_text()
+    with pytest.raises(SnapshotExistsError):
+        simulate(tmp_path, "snap", SimulationConfig(**SMALL, seed=2))
+    assert (tmp_path / "snap.ground_truth.json").read_text() == before
+    simulate(tmp_path, "snap", SimulationConfig(**SMALL, seed=2), overwrite=True)
+    assert json.loads((tmp_path / "snap.ground_truth.json").read_text())["config"]["seed"] == 2
+    assert (tmp_path / "snap" / "_SUCCESS").exists()
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError):
+        SimulationConfig(regions=0)
+    with pytest.raises(ValueError, match="lagging_replica"):
+        SimulationConfig(regions=2, lagging_replica="dc-c")
+    with pytest.raises(ValueError, match="file_format"):
+        SimulationConfig(file_format="csv")
+    with pytest.raises(ValueError):
+        SimulationConfig(hot_key_fraction=1.5)
+
+
+# --------------------------------------------------------------------------- replication semantics
+
+
+def test_healthy_replicas_converge_despite_conflicts_duplicates_and_rewinds(tmp_path):
+    _, truth, rows = run(tmp_path, **SMALL, regions=4, conflicting_writes=6, duplicate_deliveries=3, rewind=2)
+    assert differing_keys(rows) == set()
+    assert truth["expected_divergent_keys"] == []
+    # Every conflict was injected, and some replica held the losing value for a while.
+    assert len(truth["conflicting_writes"]) == 6
+    transient = 0
+    for c in truth["conflicting_writes"]:
+        assert len({w["write_ts"] >> 18 for w in c["writes"]}) <= 2
+        assert abs(c["writes"][0]["write_ts"] - c["writes"][1]["write_ts"]) < (50 << 18)
+        loser = next(w for w in c["writes"] if w["source_region"] != c["winner"]["source_region"])
+        for stream in streams(rows).values():
+            positions = {(r["source_region"], r["source_offset"]): r["offset"] for r in stream if r["kind"] in DATA}
+            mine = positions.get((loser["source_region"], loser["source_offset"]))
+            theirs = positions.get((c["winner"]["source_region"], c["winner"]["source_offset"]))
+            transient += mine is not None and theirs is not None and mine < theirs
+    assert transient > 0
+
+
+def test_lost_and_corrupted_writes_explain_exactly_the_keys_whose_final_states_differ(tmp_path):
+    _, truth, rows = run(tmp_path, writes=3000, keys=2000, lost_writes=5, corrupted_values=5, duplicate_deliveries=2)
+    expected = {(d["topic"], d["partition"], d["key"]) for d in truth["expected_divergent_keys"]}
+    assert expected == differing_keys(rows)
+    assert expected  # some faults do change a final state
+    faults = truth["injected_faults"]
+    assert Counter(f["fault"] for f in faults) == {"lost_write": 5, "corrupted_value": 5, "duplicate_delivery": 2}
+    assert truth["warnings"] == []
+    assert {(f["topic"], f["partition"], f["key"]) for f in faults if f.get("final_state_differs")} == expected
+    by_stream = streams(rows)
+    for f in faults:
+        stream = by_stream[(f["replica"], f["topic"], f["partition"])]
+        sources = [(r["source_region"], r["source_offset"]) for r in stream if r["kind"] in DATA]
+        if f["fault"] == "lost_write":
+            assert (f["source_region"], f["source_offset"]) not in sources
+            assert f["vt_offset"] is None
+        elif f["fault"] == "corrupted_value":
+            row = stream[f["vt_offset"]]
+            assert (row["key"], row["source_region"], row["source_offset"]) == (f["key"], f["source_region"], f["source_offset"])
+            assert row["value"] == f["written_value"] != f["value"]
+        else:
+            assert stream[f["vt_offset"]] == {**stream[f["original_vt_offset"]], "offset": f["vt_offset"]}
+            assert 1 <= f["vt_offset"] - f["original_vt_offset"] <= 4
+
+
+def test_heartbeat_vectors_are_the_applied_watermark(tmp_path):
+    _, truth, rows = run(tmp_path, **SMALL, lost_writes=2, conflicting_writes=2, lagging_replica="dc-c", lag_messages=40)
+    by_stream = streams(rows)
+    for (replica, topic, partition), stream in by_stream.items():
+        lower: dict[str, int] = {}
+        for i, row in enumerate(stream):
+            if row["kind"] == "HEARTBEAT":
+                vector = row["hb_vector"]
+                assert vector[row["source_region"]] == row["source_offset"]
+                # At least what the rows before it prove applied, and below the next message seen
+                # from each source (messages in between lost last-writer-wins and left no row).
+                assert set(lower) <= set(vector)
+                assert all(lower[c] <= vector[c] for c in lower)
+                for c, o in vector.items():
+                    later = next((r["source_offset"] for r in stream[i + 1:] if r.get("source_region") == c), None)
+                    assert later is None or later > o
+                for c, o in vector.items():
+                    lower[c] = max(lower.get(c, o), o)
+            elif row["kind"] in DATA:
+                src = row["source_region"]
+                lower[src] = max(lower.get(src, row["source_offset"]), row["source_offset"])
+    # Healthy replicas end on the same watermark; the lagging one is below it by lag_messages.
+    for partition in (0, 1):
+        finals = {}
+        for replica in ("dc-a", "dc-b", "dc-c"):
+            hbs = [r for r in by_stream[(replica, "store_v1", partition)] if r["kind"] == "HEARTBEAT"]
+            finals[replica] = hbs[-1]["hb_vector"]
+        assert finals["dc-a"] == finals["dc-b"]
+        behind = sum(finals["dc-a"][c] - finals["dc-c"].get(c, -1) for c in finals["dc-a"])
+        assert behind >= 40
+    assert {(lag["replica"], lag["missing_messages"]) for lag in truth["lagging"]} == {("dc-c", 40)}
+
+
+def test_hot_keys_take_their_share_of_writes(tmp_path):
+    _, _, rows = run(tmp_path, writes=12000, keys=1000, hot_key_fraction=0.01, hot_write_share=0.5)
+    messages = {(r["topic"], r["partition"], r["source_region"], r["source_offset"]): r["key"]
+                for r in rows if r["kind"] in DATA}
+    per_key = Counter(messages.values())
+    hot = {f"k{i:04d}" for i in range(10)}
+    share = sum(per_key[k] for k in hot) / len(messages)
+    assert 0.45 <= share <= 0.55
+    assert {k for k, _ in per_key.most_common(10)} == hot
+
+
+def test_mid_stream_dump_drops_the_first_rows(tmp_path):
+    _, _, rows = run(tmp_path, **SMALL, mid_stream_from=25)
+    for stream in streams(rows).values():
+        assert [r["offset"] for r in stream] == list(range(25, 25 + len(stream)))
+        assert all(r["kind"] != "START_OF_PUSH" for r in stream)
+
+
+# --------------------------------------------------------------------------- stream anomalies
+
+
+def test_faults_that_are_not_anomalies_leave_the_streams_clean(tmp_path):
+    _, truth, rows = run(tmp_path, **SMALL, lost_writes=3, corrupted_values=3, conflicting_writes=3,
+                         lagging_replica="dc-b", lag_messages=30)
+    assert truth["anomalies"] == []
+    assert recomputed(truth, rows) == set()
+
+
+ALL_ANOMALIES = dict(
+    writes=6000, keys=300, failover_clock_behind=2, heartbeat_under_report=2, rewind=2, stalled_heartbeat=2,
+    wide_clock_interval=2, exporter_regression=2, duplicate_deliveries=2, exporter_report_every=100,
+)
+
+
+@pytest.fixture(scope="module")
+def anomalous(tmp_path_factory):
+    _, truth, rows = run(tmp_path_factory.mktemp("anomalies"), **ALL_ANOMALIES)
+    return truth, rows
+
+
+def test_every_anomaly_is_listed_exactly_where_it_occurs(anomalous):
+    truth, rows = anomalous
+    assert truth["warnings"] == []
+    assert recomputed(truth, rows) == truth_anomalies(truth)
+    causes = Counter(a["cause"] for a in truth["anomalies"] if a["anomaly"] != "DATA_BEYOND_HEARTBEAT")
+    assert causes == {cause: 2 for cause in (
+        "failover_clock_behind", "heartbeat_under_report", "rewind", "stalled_heartbeat", "wide_clock_interval",
+        "exporter_regression", "duplicate_delivery")}
+
+
+def test_failover_regresses_write_ts_across_a_leader_epoch_change(anomalous):
+    truth, rows = anomalous
+    by_stream = streams(rows)
+    for a in (a for a in truth["anomalies"] if a["cause"] == "failover_clock_behind"):
+        stream = by_stream[(a["replica"], a["topic"], a["partition"])]
+        row, before = stream[a["offset"]], stream[a["previous_offset"]]
+        assert row["key"] == before["key"] == a["key"]
+        assert not any(r.get("key") == a["key"] for r in stream[a["previous_offset"] + 1:a["offset"]])
+        assert row["write_ts"] == a["write_ts"] < before["write_ts"] == a["previous_write_ts"]
+        assert row["leader_epoch"] == stream[a["offset"] - 1]["leader_epoch"] + 1 == before["leader_epoch"] + 1
+        assert row.get("value") == before.get("value")  # a retry of the current value: replicas still agree
+    assert differing_keys(rows) == set()
+
+
+def test_under_reported_heartbeat_and_stall_and_wide_interval_rows(anomalous):
+    truth, rows = anomalous
+    by_stream = streams(rows)
+    bounds = truth["bounds"]
+    for a in truth["anomalies"]:
+        stream = by_stream.get((a["replica"], a["topic"], a["partition"]))
+        if a["anomaly"] == "HEARTBEAT_REGRESSION":
+            row = stream[a["offset"]]
+            earlier = [r["hb_vector"][a["component"]] for r in stream[:a["offset"]]
+                       if r["kind"] == "HEARTBEAT" and a["component"] in r["hb_vector"]]
+            assert row["hb_vector"][a["component"]] == a["reported"] < max(earlier) == a["earlier"]
+        elif a["anomaly"] == "HEARTBEAT_GAP":
+            row, before = stream[a["offset"]], stream[a["previous_offset"]]
+            assert row["kind"] == before["kind"] == "HEARTBEAT"
+            assert not any(r["kind"] == "HEARTBEAT" for r in stream[a["previous_offset"] + 1:a["offset"]])
+            assert row["applied_ts_min_ms"] - before["applied_ts_max_ms"] >= truth["config"]["stall_ms"] - 10
+            assert bounds["natural_max_heartbeat_gap_ms"] < truth["config"]["stall_ms"] / 10
+        elif a["anomaly"] == "CLOCK_UNCERTAINTY":
+            row = stream[a["offset"]]
+            assert row["applied_ts_max_ms"] - row["applied_ts_min_ms"] == a["width_ms"]
+            assert a["width_ms"] > 10 * bounds["natural_clock_interval_width_ms"]
+        elif a["anomaly"] == "DUPLICATE_OR_REWIND" and a["cause"] == "rewind":
+            assert len(a["offsets"]) == truth["config"]["rewind_span"]
+            for item in a["rewound"]:
+                row = stream[item["offset"]]
+                assert (row["key"], row["source_region"], row["source_offset"]) == (
+                    item["key"], item["source_region"], item["source_offset"])
+                assert any(r.get("source_region") == row["source_region"] and r["source_offset"] >= row["source_offset"]
+                           for r in stream[:item["offset"]] if r["kind"] in DATA)
+
+
+def test_exporter_regression_reports_a_lower_position_later(anomalous):
+    truth, rows = anomalous
+    for a in (a for a in truth["anomalies"] if a["anomaly"] == "EXPORTER_REGRESSION"):
+        reports = sorted(
+            (r for r in rows if r["kind"] == "EXPORTER_POSITION" and r["exporter"] == a["exporter"]
+             and (r["replica"], r["topic"], r["partition"]) == (a["replica"], a["topic"], a["partition"])),
+            key=lambda r: r["reported_at_ms"],
+        )
+        i = next(i for i, r in enumerate(reports) if r["reported_at_ms"] == a["reported_at_ms"])
+        assert reports[i]["exported_offset"] == a["exported_offset"] < a["previous_exported_offset"]
+        assert max(r["exported_offset"] for r in reports[:i]) == a["previous_exported_offset"]
+        assert all(r["exported_offset"] >= a["previous_exported_offset"] for r in reports[i + 1:])
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_every_option_has_a_flag_and_parses_into_the_config():
+    parser = add_arguments(argparse.ArgumentParser())
+    assert config_from_args(parser.parse_args([])) == SimulationConfig()
+    ns = parser.parse_args([
+        "--seed", "3", "--regions", "4", "--format", "parquet", "--hot-key-fraction", "0.02",
+        "--lagging-replica", "dc-b", "--lost-writes", "2", "--mid-stream-from", "10", "--failover-clock-behind", "1",
+    ])
+    config = config_from_args(ns)
+    assert (config.seed, config.regions, config.file_format, config.hot_key_fraction) == (3, 4, "parquet", 0.02)
+    assert (config.lagging_replica, config.lost_writes, config.mid_stream_from) == ("dc-b", 2, 10)
+    assert config.failover_clock_behind == 1
+    flags = {opt for action in parser._actions for opt in action.option_strings}
+    for f in simulator.dataclasses.fields(SimulationConfig):
+        assert f.metadata.get("flag", "--" + f.name.replace("_", "-")) in flags
+    assert "--lagging-replica" in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--format", "csv"])
