@@ -1,5 +1,4 @@
 """Stage 4: Leap Frog divergence reports between every pair of replicas (SPEC 4)."""
-from __future__ import annotations
 
 import dagster as dg
 from pyspark.sql import functions as F

@@ -1,5 +1,4 @@
 """Stage 1: raw topic snapshots from the landing zone into Delta, with a quarantine for bad rows."""
-from __future__ import annotations
 
 import dagster as dg
 

@@ -1,5 +1,4 @@
 """Operational tables: stream anomalies, replication lag, exporter positions (SPEC 5, 6, 7)."""
-from __future__ import annotations
 
 import dagster as dg
 from pydantic import Field

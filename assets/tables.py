@@ -6,7 +6,6 @@ schema, table URI and Delta version); ``schema_check`` reads the written table b
 and validates it against the stage's pandera model, as a blocking asset check, so a
 downstream stage never starts from a table that breaks its schema.
 """
-from __future__ import annotations
 
 from typing import Any
 

@@ -1,5 +1,4 @@
 """Across snapshots: is replication getting better or worse?"""
-from __future__ import annotations
 
 import dagster as dg
 

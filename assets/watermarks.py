@@ -1,5 +1,4 @@
 """Stage 2 and 3: heartbeat-annotated segments and reconstructed watermarks (SPEC 2, 3)."""
-from __future__ import annotations
 
 import dagster as dg
 

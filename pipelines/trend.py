@@ -19,7 +19,7 @@ def audit_trend(
     )
     quarantined = quarantine.groupBy("snapshot_id").agg(F.count(F.lit(1)).alias("rows_quarantined"))
     lag = replication_lag.groupBy("snapshot_id").agg(
-        F.max("p99_upper_ms").alias("worst_lag_p99_ms"),
+        F.ceil(F.max("p99_upper_ms")).alias("worst_lag_p99_ms"),
         F.max("staleness_ms").alias("worst_staleness_ms"),
     )
     anomaly_counts = anomalies.groupBy("snapshot_id").agg(F.count(F.lit(1)).alias("stream_anomalies"))

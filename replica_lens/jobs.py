@@ -1,5 +1,4 @@
 """Jobs, sensors and schedules of the code location."""
-from __future__ import annotations
 
 import dagster as dg
 

@@ -8,7 +8,7 @@ from pyspark.sql import types as T
 class AuditTrend(pa.DataFrameModel):
     """One row per audited snapshot: is replication getting better or worse?"""
 
-    snapshot_id: T.StringType() = pa.Field(nullable=False, unique=True)
+    snapshot_id: T.StringType() = pa.Field(nullable=False)
     keys_compared: T.LongType() = pa.Field(nullable=False, ge=0)
     divergent: T.LongType() = pa.Field(nullable=False, ge=0)
     missing: T.LongType() = pa.Field(nullable=False, ge=0)
