@@ -51,8 +51,29 @@ REQUIRED_BY_KIND: dict[str, tuple[str, ...]] = {
 }
 REQUIRED_ALWAYS = ("replica", "topic", "partition", "kind")
 
-# Fields that must not be negative when present.
+# Fields that must not be negative when present (hb_vector components are checked too).
 NON_NEGATIVE = ("partition", "offset", "source_offset", "exported_offset")
+
+# Fields a kind must not carry. A DELETE has no value (SPEC 1). An EXPORTER_POSITION is a
+# report about a partition, not a message of it: an offset on it would put it into the
+# partition's offset order, so after ingestion offset is null exactly for EXPORTER_POSITION.
+FORBIDDEN_BY_KIND: dict[str, tuple[str, ...]] = {
+    "DELETE": ("value",),
+    "EXPORTER_POSITION": ("offset",),
+}
+
+# Why a row was quarantined. When a row has several problems, ``reason`` is the first
+# of these that applies and ``detail`` lists every problem found.
+QUARANTINE_REASONS = (
+    "UNREADABLE_FILE",
+    "MALFORMED_JSON",
+    "MISSING_FIELD",
+    "BAD_TYPE",
+    "UNKNOWN_KIND",
+    "NEGATIVE_VALUE",
+    "UNEXPECTED_FIELD",
+    "CONFLICTING_POSITION",
+)
 
 
 class RawTopicSnapshots(pa.DataFrameModel):
@@ -94,10 +115,13 @@ class RawTopicQuarantine(pa.DataFrameModel):
 
     snapshot_id: T.StringType() = pa.Field(nullable=False)
     source_file: T.StringType() = pa.Field(nullable=False)
+    # The row's "replica" when it is a JSON string (so quarantine can be counted per
+    # replica); null when the row has none or the file could not be read.
+    replica: T.StringType() = pa.Field(nullable=True)
     # The row as read (a JSON line, or a Parquet row rendered as JSON); null when the
     # file itself could not be read past some point (reason UNREADABLE_FILE).
     raw: T.StringType() = pa.Field(nullable=True)
-    reason: T.StringType() = pa.Field(nullable=False)
+    reason: T.StringType() = pa.Field(nullable=False, isin=list(QUARANTINE_REASONS))
     detail: T.StringType() = pa.Field(nullable=True)
 
     class Config:

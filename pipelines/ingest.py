@@ -1,0 +1,545 @@
+"""Ingestion of one complete snapshot folder: accepted rows, quarantined rows, and their accounting.
+
+Reading (``read_snapshot_lines``) turns every file of the folder into text rows
+``(source_file, raw, read_error)``: a JSONL line as it is, a Parquet row rendered as a
+JSON object. So one validation path (``validate_rows``) judges every format: a Parquet
+column whose type differs from SPEC 1 (an offset stored as a string, a float partition)
+shows up as BAD_TYPE on each row, exactly as the same JSON line would.
+
+Accounting, precisely:
+
+    rows_read = non-blank JSONL lines + Parquet rows + one per unreadable file (or unreadable tail)
+              = rows_accepted (sum of ``copies``) + rows_quarantined (rows of the quarantine)
+
+- Blank lines (empty or only ASCII whitespace) carry no message and are not rows.
+- A gzip file that breaks part-way (truncated, corrupt, trailing garbage) keeps its
+  complete lines before the break; one UNREADABLE_FILE row (raw null) stands for the rest,
+  whose lines cannot be counted. A Parquet file Spark or pyarrow cannot open is one
+  UNREADABLE_FILE row.
+- Only files directly inside the snapshot folder named ``*.jsonl``, ``*.jsonl.gz`` or
+  ``*.parquet`` are data. ``_SUCCESS`` is the completion marker. Everything else
+  (sub-folders, hidden or ``_``-prefixed files, other extensions) is not read and is
+  listed in ``SnapshotFiles.other_files`` so the asset can show it.
+
+Known limits: a Parquet file with a readable footer but corrupt data pages fails the
+Spark job (loudly, never silently); Spark's JSON parser ignores text after the closing
+``]`` of an enclosing array, so a line ``{...}] tail`` is accepted with its tail ignored
+(``{...}{...}``, ``{...}, {...}`` and ``{...} tail`` are all MALFORMED_JSON); a JSON
+object with a repeated field name keeps the last value (as Spark and Python's json do).
+"""
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import reduce
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from schemas.raw import (
+    FORBIDDEN_BY_KIND,
+    KINDS,
+    MESSAGE_FIELDS,
+    NON_NEGATIVE,
+    REQUIRED_ALWAYS,
+    REQUIRED_BY_KIND,
+    RawTopicQuarantine,
+    RawTopicSnapshots,
+)
+
+SUCCESS_MARKER = "_SUCCESS"
+FORMATS = ("jsonl.gz", "jsonl", "parquet")  # longest suffix first: "x.jsonl.gz" is not "jsonl"
+UNKNOWN_REPLICA = "<unknown>"
+
+# What read_snapshot_lines returns. read_error is set only on the one row standing for an
+# unreadable file (or the unreadable rest of one); raw is then null.
+LINES_SCHEMA = T.StructType(
+    [
+        T.StructField("source_file", T.StringType(), nullable=False),
+        T.StructField("raw", T.StringType(), nullable=True),
+        T.StructField("read_error", T.StringType(), nullable=True),
+    ]
+)
+
+_LINES_ARROW = pa.schema(
+    [pa.field("source_file", pa.string(), nullable=False), pa.field("raw", pa.string()), pa.field("read_error", pa.string())]
+)
+_CHUNK = 1 << 20
+_GZIP_WBITS = 31  # zlib with a gzip header and trailer
+# Java's \s, which the blank-line filter on the Spark side uses: ASCII whitespace only.
+_BLANK = re.compile(rb"[ \t\n\x0b\f\r]*")
+_GLOB_CHARS = re.compile(r"([\\{}\[\]*?])")
+
+# Spark's JSON parser is lenient by default; a message is strict JSON.
+_JSON_OPTIONS = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false", "allowComments": "false"}
+_STRING_FIELDS = tuple(name for name, t in MESSAGE_FIELDS.items() if isinstance(t, T.StringType))
+_MESSAGE_STRUCT = T.StructType([T.StructField(name, t) for name, t in MESSAGE_FIELDS.items()])
+_FIELD_MAP = T.MapType(T.StringType(), T.VariantType())
+_POSITION = ("replica", "topic", "partition", "offset")
+
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    path: str  # absolute path
+    name: str  # relative to the snapshot folder; stored as source_file
+    format: str  # one of FORMATS
+
+
+@dataclass(frozen=True)
+class SnapshotFiles:
+    """The files of a snapshot folder: those read as data, and those that are not (with why)."""
+
+    data_files: list[SnapshotFile] = field(default_factory=list)
+    other_files: list[dict[str, str]] = field(default_factory=list)  # {"file": name, "reason": why}
+
+
+def list_snapshot_files(folder: str) -> SnapshotFiles:
+    """The data files directly inside ``folder`` (sorted by name), and every other entry but ``_SUCCESS``."""
+    data: list[SnapshotFile] = []
+    other: list[dict[str, str]] = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        name = entry.name
+        if name == SUCCESS_MARKER and entry.is_file():
+            continue
+        if entry.is_dir():
+            other.append({"file": name, "reason": "folder: only files directly in the snapshot folder are read"})
+        elif name.startswith((".", "_")):
+            other.append({"file": name, "reason": "hidden or marker file (name starts with '.' or '_')"})
+        elif not entry.is_file():
+            other.append({"file": name, "reason": "not a regular file"})
+        else:
+            fmt = next((f for f in FORMATS if name.endswith("." + f)), None)
+            if fmt is None:
+                other.append({"file": name, "reason": "not a data file: expected *.jsonl, *.jsonl.gz or *.parquet"})
+            else:
+                data.append(SnapshotFile(path=os.path.abspath(entry.path), name=name, format=fmt))
+    return SnapshotFiles(data_files=data, other_files=other)
+
+
+def _local_lines(spark: SparkSession, rows: list[tuple[str, str | None, str | None]]) -> DataFrame:
+    """A small LINES_SCHEMA frame made on the driver (through Arrow: a local relation, no Python workers)."""
+    columns = list(zip(*rows)) if rows else [[], [], []]
+    return spark.createDataFrame(pa.table([list(c) for c in columns], schema=_LINES_ARROW))
+
+
+def _spark_path(path: str) -> str:
+    # Spark globs the paths it is given; a file named "a[1].jsonl" must be read literally.
+    return _GLOB_CHARS.sub(r"\\\1", path)
+
+
+def _source_file_name(frame: DataFrame) -> Column:
+    # metadataColumn finds Spark's _metadata even when a Parquet file has a column of that
+    # name. Its file_name is URI-encoded ("a%20b.jsonl"); url_decode would also turn a
+    # literal '+' into a space, so protect it first.
+    encoded = frame.metadataColumn("_metadata").getField("file_name")
+    return F.url_decode(F.replace(encoded, F.lit("+"), F.lit("%2B")))
+
+
+def _gunzip(path: str, sink) -> str | None:
+    """Stream-decompress a gzip file into ``sink``; None when it is whole, else where and why it broke."""
+    decompressor = zlib.decompressobj(_GZIP_WBITS)
+    in_member = False
+    read = 0
+    produced = 0
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                read += len(chunk)
+                pending = chunk
+                while pending:
+                    in_member = True
+                    out = decompressor.decompress(pending)
+                    produced += len(out)
+                    sink(out)
+                    if decompressor.eof:
+                        # Concatenated gzip members are one valid stream.
+                        pending = decompressor.unused_data
+                        decompressor = zlib.decompressobj(_GZIP_WBITS)
+                        in_member = False
+                    else:
+                        pending = b""
+    except (OSError, zlib.error) as exc:
+        return f"gzip stream broke after {produced} decompressed bytes (near compressed byte {read}): {exc}"
+    if in_member:
+        return f"gzip stream truncated after {produced} decompressed bytes ({read} compressed bytes)"
+    return None
+
+
+def _gzip_problem(path: str) -> str | None:
+    return _gunzip(path, lambda _out: None)
+
+
+def _salvage_gzip(file: SnapshotFile, problem: str) -> list[tuple[str, str | None, str | None]]:
+    """The complete non-blank lines before a gzip file's break, and one row for what is lost."""
+    data = bytearray()
+    _gunzip(file.path, data.extend)
+    pieces = bytes(data).splitlines(keepends=True)
+    tail = b""
+    if pieces and not pieces[-1].endswith((b"\n", b"\r")):
+        tail = pieces.pop()
+    rows: list[tuple[str, str | None, str | None]] = [
+        (file.name, piece.rstrip(b"\r\n").decode("utf-8", errors="replace"), None)
+        for piece in pieces
+        if not _BLANK.fullmatch(piece)
+    ]
+    rows.append(
+        (
+            file.name,
+            None,
+            f"{problem}; {len(rows)} complete lines before the break were read, "
+            f"an incomplete last line of {len(tail)} bytes and everything after it are lost",
+        )
+    )
+    return rows
+
+
+def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
+    text = spark.read.text([_spark_path(f.path) for f in files])
+    lines = text.select(
+        _source_file_name(text).alias("source_file"),
+        F.col("value").alias("raw"),
+        F.lit(None).cast(T.StringType()).alias("read_error"),
+    )
+    return lines.where(~F.regexp_like(F.col("raw"), F.lit(r"^\s*$")))
+
+
+def _parquet_rows(spark: SparkSession, files: list[SnapshotFile]) -> list[DataFrame]:
+    """One frame per group of Parquet files with identical schema, plus rows for unreadable ones."""
+    groups: dict[str, list[SnapshotFile]] = {}
+    unreadable: list[tuple[str, str | None, str | None]] = []
+    for file in files:
+        try:
+            schema = pq.read_schema(file.path)
+        except Exception as exc:  # noqa: BLE001 - any failure to open the footer makes the file unreadable
+            unreadable.append((file.name, None, f"cannot read the Parquet footer: {exc}"))
+            continue
+        key = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+        groups.setdefault(key, []).append(file)
+
+    frames: list[DataFrame] = []
+    for group in groups.values():
+        try:
+            table = spark.read.parquet(*[_spark_path(f.path) for f in group])
+        except Exception as exc:  # noqa: BLE001 - Spark resolves the schema eagerly and may refuse its types
+            unreadable.extend((f.name, None, f"Spark cannot read this Parquet schema: {exc}") for f in group)
+            continue
+        columns = [F.col("`" + name.replace("`", "``") + "`") for name in table.columns]
+        frames.append(
+            table.select(
+                _source_file_name(table).alias("source_file"),
+                F.to_json(F.struct(*columns), {"ignoreNullFields": "true"}).alias("raw"),
+                F.lit(None).cast(T.StringType()).alias("read_error"),
+            )
+        )
+    if unreadable:
+        frames.append(_local_lines(spark, unreadable))
+    return frames
+
+
+def read_snapshot_lines(spark: SparkSession, folder: str) -> DataFrame:
+    """Every message of the snapshot folder as text: ``(source_file, raw, read_error)``, LINES_SCHEMA.
+
+    Blank lines are skipped (they are not rows). Spark reads the JSONL, gzip and Parquet files itself. Each gzip file is first checked
+    whole in Python (Spark would fail the whole job on a broken one); a broken file's
+    complete lines are read in Python instead, plus one UNREADABLE_FILE row.
+    """
+    files = list_snapshot_files(folder).data_files
+    frames: list[DataFrame] = []
+    python_rows: list[tuple[str, str | None, str | None]] = []
+
+    text_files = [f for f in files if f.format == "jsonl"]
+    gzip_files = [f for f in files if f.format == "jsonl.gz" and os.path.getsize(f.path) > 0]
+    with ThreadPoolExecutor(max_workers=max(1, min(4, len(gzip_files)))) as pool:
+        problems = list(pool.map(lambda f: _gzip_problem(f.path), gzip_files))
+    for file, problem in zip(gzip_files, problems):
+        if problem is None:
+            text_files.append(file)
+        else:
+            python_rows.extend(_salvage_gzip(file, problem))
+
+    if text_files:
+        frames.append(_text_lines(spark, sorted(text_files, key=lambda f: f.name)))
+    frames.extend(_parquet_rows(spark, [f for f in files if f.format == "parquet"]))
+    if python_rows:
+        frames.append(_local_lines(spark, python_rows))
+    if not frames:
+        return _local_lines(spark, [])
+    return reduce(DataFrame.unionByName, frames)
+
+
+# --- validation ------------------------------------------------------------------------
+
+
+def _present(name: str) -> Column:
+    return F.col(f"present_{name}")
+
+
+def _bad_type(name: str) -> Column:
+    return F.col(f"bad_type_{name}")
+
+
+def _field_flags(fields: Column, typed: Column) -> list[Column]:
+    """Per field, once per row: is it there (not null), and does its JSON token not fit its type."""
+    flags = []
+    for name, data_type in MESSAGE_FIELDS.items():
+        present = F.coalesce(F.map_contains_key(fields, name), F.lit(False))
+        # A string field parses from any JSON token (an object becomes its text), so its
+        # token type is read on the variant; a number or map field is null in the typed
+        # parse when its token does not fit (a string "5", 5.0, an overflow, a non-integer
+        # or null component).
+        if name in _STRING_FIELDS:
+            wrong = F.schema_of_variant(fields[name]) != F.lit("STRING")
+        elif isinstance(data_type, T.MapType):
+            wrong = typed[name].isNull() | F.exists(F.map_values(typed[name]), lambda v: v.isNull())
+        else:
+            wrong = typed[name].isNull()
+        flags.append(present.alias(f"present_{name}"))
+        flags.append((present & F.coalesce(wrong, F.lit(True))).alias(f"bad_type_{name}"))
+    return flags
+
+
+def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, Column]:
+    """Per reason, the problems of that kind a row has, as text ("" when none)."""
+
+    def kinds_with(table: dict[str, tuple[str, ...]], name: str) -> Column:
+        kinds = [k for k, names in table.items() if name in names]
+        return F.coalesce(kind.isin(kinds), F.lit(False)) if kinds else F.lit(False)
+
+    def required(name: str) -> Column:
+        return F.lit(True) if name in REQUIRED_ALWAYS else kinds_with(REQUIRED_BY_KIND, name)
+
+    def negative(name: str) -> Column:
+        if isinstance(MESSAGE_FIELDS[name], T.MapType):
+            return F.coalesce(F.exists(F.map_values(typed[name]), lambda v: v < 0), F.lit(False))
+        return F.coalesce(typed[name] < 0, F.lit(False))
+
+    vectors = [n for n, t in MESSAGE_FIELDS.items() if isinstance(t, T.MapType)]
+    problems = {
+        "MISSING_FIELD": [F.when(required(n) & ~_present(n), F.lit(n)) for n in MESSAGE_FIELDS],
+        "BAD_TYPE": [
+            F.when(
+                _bad_type(n),
+                F.concat(
+                    F.lit(f"{n} ("),
+                    F.schema_of_variant(fields[n]),
+                    F.lit(f", expected {MESSAGE_FIELDS[n].simpleString()})"),
+                ),
+            )
+            for n in MESSAGE_FIELDS
+        ],
+        "UNKNOWN_KIND": [
+            F.when(
+                ~kind.isin(list(KINDS)),
+                F.concat(F.lit("kind '"), kind, F.lit(f"' is not one of {', '.join(KINDS)}")),
+            )
+        ],
+        "NEGATIVE_VALUE": [
+            F.when(negative(n), F.concat(F.lit(f"{n} = "), F.to_json(fields[n]))) for n in (*NON_NEGATIVE, *vectors)
+        ],
+        "UNEXPECTED_FIELD": [
+            F.when(kinds_with(FORBIDDEN_BY_KIND, n) & _present(n), F.concat(F.lit(f"{n} on a "), kind))
+            for n in MESSAGE_FIELDS
+            if any(n in names for names in FORBIDDEN_BY_KIND.values())
+        ],
+    }
+    return {reason: F.concat_ws(", ", *columns) for reason, columns in problems.items()}
+
+
+def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
+    """Every line parsed, with its first problem as ``reason`` (null when none) and all of them in ``detail``.
+
+    Built in steps (parse, per-field flags, problems, verdict) so that each is computed
+    once per row: one flat expression would repeat the shared parts dozens of times, and
+    Spark would spend more time compiling it than running it.
+    """
+    if "read_error" not in lines.columns:
+        lines = lines.withColumn("read_error", F.lit(None).cast(T.StringType()))
+    raw = F.col("raw")
+    # The line is parsed twice: typed, for values (a field that does not fit its type is
+    # null while the rest still parses), and as a map of variants, for which fields are
+    # there, with what JSON type, and the unknown ones. The map parse reads the line
+    # wrapped in [ ]: two objects on one line ("{..}{..}", "{..},{..}") or text after the
+    # object then fail or give two elements, instead of the rest being silently ignored.
+    wrapped = F.from_json(F.concat(F.lit("["), raw, F.lit("]")), T.ArrayType(_FIELD_MAP), _JSON_OPTIONS)
+    parsed = (
+        lines.select(
+            "source_file",
+            "raw",
+            "read_error",
+            F.from_json(raw, _MESSAGE_STRUCT, _JSON_OPTIONS).alias("typed"),
+            wrapped.alias("wrapped"),
+        )
+        .select("*", F.when(F.size("wrapped") == 1, F.col("wrapped")[0]).alias("all_fields"))
+        # A JSON null is the same as an absent field.
+        .select("*", F.map_filter("all_fields", lambda _k, v: ~F.is_variant_null(v)).alias("fields"))
+    )
+    fields, typed = F.col("fields"), F.col("typed")
+    flagged = (
+        parsed.select("source_file", "raw", "read_error", "typed", "all_fields", "fields", *_field_flags(fields, typed))
+        # The kind, when it is a JSON string: what decides the fields a row needs.
+        .select("*", F.when(_present("kind") & ~_bad_type("kind"), typed["kind"]).alias("kind_text"))
+    )
+    listed = _problem_lists(fields, typed, F.col("kind_text"))
+    with_problems = flagged.select(
+        "source_file",
+        "raw",
+        "read_error",
+        "typed",
+        "all_fields",
+        F.when(_present("replica") & ~_bad_type("replica"), typed["replica"]).alias("raw_replica"),
+        *[text.alias(f"problems_{code}") for code, text in listed.items()],
+    )
+
+    unreadable = F.col("read_error").isNotNull()
+    malformed = F.col("all_fields").isNull()
+    reason = F.when(unreadable, F.lit("UNREADABLE_FILE")).when(malformed, F.lit("MALFORMED_JSON"))
+    for code in listed:
+        reason = reason.when(F.col(f"problems_{code}") != F.lit(""), F.lit(code))
+    found = [
+        F.when(F.col(f"problems_{code}") != F.lit(""), F.concat(F.lit(code + ": "), F.col(f"problems_{code}")))
+        for code in listed
+    ]
+    detail = (
+        F.when(unreadable, F.col("read_error"))
+        .when(malformed, F.lit("not a single JSON object (invalid JSON, another JSON value, or several on one line)"))
+        .otherwise(F.concat_ws("; ", *found))
+    )
+    extras = F.map_filter(F.col("all_fields"), lambda k, _v: ~k.isin(list(MESSAGE_FIELDS)))
+    return with_problems.select(
+        F.lit(snapshot_id).alias("snapshot_id"),
+        "source_file",
+        "raw",
+        *[typed[name].alias(name) for name in MESSAGE_FIELDS],
+        F.when(F.size(extras) > 0, F.transform_values(extras, lambda _k, v: F.to_json(v))).alias("extra_fields"),
+        "raw_replica",
+        reason.alias("reason"),
+        detail.alias("detail"),
+    )
+
+
+def _sorted_entries(column: str) -> Column:
+    # Maps cannot be compared or grouped on; their sorted entries can.
+    return F.array_sort(F.map_entries(F.col(column)))
+
+
+def validate_rows(lines: DataFrame, snapshot_id: str) -> tuple[DataFrame, DataFrame]:
+    """Split read lines into (accepted, quarantined), shaped like RawTopicSnapshots and RawTopicQuarantine.
+
+    Rows without a problem of their own are candidates. Candidates at one (replica, topic,
+    partition, offset) whose content differs are all CONFLICTING_POSITION: none can be
+    trusted over the others. The rest are accepted once per distinct content (every field
+    and the extra fields, so the position too; EXPORTER_POSITION rows, which have none,
+    collapse on their content alone), with ``copies`` counting the identical rows and
+    ``source_file`` the smallest file name among them.
+    """
+    checked = _checked_rows(lines, snapshot_id)
+    content_names = ["snapshot_id", *MESSAGE_FIELDS, "extra_fields"]
+    maps = {n for n in content_names if n == "extra_fields" or isinstance(MESSAGE_FIELDS.get(n), T.MapType)}
+    comparable = [_sorted_entries(n).alias(n) if n in maps else F.col(n) for n in content_names]
+    # No filter on the checks before the window below: Spark would push it below the parse
+    # and parse every line twice. Rows with a problem of their own take no part in the
+    # comparison; they are spread by their text, not gathered under one null position.
+    candidate = F.col("reason").isNull()
+    spread = F.when(candidate, F.lit(0)).otherwise(F.xxhash64("source_file", "raw"))
+    rows = checked.select(*comparable, "source_file", "raw", "raw_replica", "reason", "detail", spread.alias("spread"))
+
+    content = F.struct(*[F.col(n) for n in content_names])
+    at_position = Window.partitionBy("snapshot_id", *_POSITION, "spread").rowsBetween(
+        Window.unboundedPreceding, Window.unboundedFollowing
+    )
+    judged = rows.select(
+        "*",
+        (
+            candidate
+            & F.col("offset").isNotNull()
+            & ~F.min(F.when(candidate, content)).over(at_position).eqNullSafe(
+                F.max(F.when(candidate, content)).over(at_position)
+            )
+        ).alias("conflicting"),
+        F.count(F.when(candidate, F.lit(1))).over(at_position).alias("rows_at_position"),
+    )
+
+    accepted_struct = RawTopicSnapshots.to_structtype()
+    collapsed = (
+        judged.where(candidate & ~F.col("conflicting"))
+        # spread is 0 here; grouping on it too reuses the window's partitioning (no second shuffle).
+        .groupBy(*content_names, "spread")
+        .agg(F.count(F.lit(1)).alias("copies"), F.min("source_file").alias("source_file"))
+    )
+    accepted = collapsed.select(
+        [
+            (F.map_from_entries(F.col(f.name)) if f.name in maps else F.col(f.name)).cast(f.dataType).alias(f.name)
+            for f in accepted_struct.fields
+        ]
+    )
+
+    conflicting = F.col("conflicting")
+    conflict_detail = F.format_string(
+        "%d rows at replica %s, topic %s, partition %d, offset %d do not all have the same content",
+        "rows_at_position",
+        "replica",
+        "topic",
+        "partition",
+        "offset",
+    )
+    quarantine_struct = RawTopicQuarantine.to_structtype()
+    quarantined = judged.where(~candidate | conflicting).select(
+        "snapshot_id",
+        "source_file",
+        F.when(conflicting, F.col("replica")).otherwise(F.col("raw_replica")).alias("replica"),
+        "raw",
+        F.when(conflicting, F.lit("CONFLICTING_POSITION")).otherwise(F.col("reason")).alias("reason"),
+        F.when(conflicting, conflict_detail).otherwise(F.col("detail")).alias("detail"),
+    )
+    quarantined = quarantined.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in quarantine_struct.fields])
+    return accepted, quarantined
+
+
+def accounting_from_tables(accepted_df: DataFrame, quarantined_df: DataFrame) -> dict:
+    """Row accounting of one snapshot from its accepted and quarantined tables: one aggregation each.
+
+    rows_read = rows_accepted (sum of copies) + rows_quarantined; rows_stored counts the
+    accepted table's rows (exact duplicates stored once). Per replica the same split; a
+    quarantined row counts under the replica it names, or "<unknown>".
+    """
+    accepted = accepted_df.groupBy("replica").agg(
+        F.sum("copies").alias("accepted"), F.count(F.lit(1)).alias("stored")
+    ).collect()
+    quarantined = (
+        quarantined_df.groupBy(F.coalesce(F.col("replica"), F.lit(UNKNOWN_REPLICA)).alias("replica"), "reason")
+        .agg(F.count(F.lit(1)).alias("rows"))
+        .collect()
+    )
+    by_replica: dict[str, dict[str, int]] = {}
+
+    def replica_counts(name: str) -> dict[str, int]:
+        return by_replica.setdefault(name, {"read": 0, "accepted": 0, "stored": 0, "quarantined": 0})
+
+    for row in accepted:
+        counts = replica_counts(row["replica"])
+        counts["accepted"] += int(row["accepted"])
+        counts["stored"] += int(row["stored"])
+        counts["read"] += int(row["accepted"])
+    by_reason: dict[str, int] = {}
+    for row in quarantined:
+        counts = replica_counts(row["replica"])
+        counts["quarantined"] += int(row["rows"])
+        counts["read"] += int(row["rows"])
+        by_reason[row["reason"]] = by_reason.get(row["reason"], 0) + int(row["rows"])
+
+    rows_accepted = sum(c["accepted"] for c in by_replica.values())
+    rows_quarantined = sum(by_reason.values())
+    return {
+        "rows_read": rows_accepted + rows_quarantined,
+        "rows_accepted": rows_accepted,
+        "rows_stored": sum(c["stored"] for c in by_replica.values()),
+        "rows_quarantined": rows_quarantined,
+        "by_reason": dict(sorted(by_reason.items())),
+        "by_replica": dict(sorted(by_replica.items())),
+    }
