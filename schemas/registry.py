@@ -4,11 +4,39 @@ from __future__ import annotations
 import pandera.pyspark as pa
 from pyspark.sql import types as T
 
+from schemas.divergence import DivergenceReports, DivergenceSummary
+from schemas.operations import (
+    CompactionBounds,
+    ExporterPositions,
+    ExporterRegressions,
+    HeartbeatLag,
+    ReplicationLag,
+    StreamAnomalies,
+)
 from schemas.raw import RawTopicQuarantine, RawTopicSnapshots
+from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
+from schemas.trend import AuditTrend
+from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
 _MODELS: dict[str, type[pa.DataFrameModel]] = {
-    "raw_topic_snapshots": RawTopicSnapshots,
-    "raw_topic_quarantine": RawTopicQuarantine,
+    model.Config.name: model
+    for model in (
+        RawTopicSnapshots,
+        RawTopicQuarantine,
+        HeartbeatSegments,
+        HeartbeatSegmentSummary,
+        ReconstructedWatermarks,
+        PartitionWatermarks,
+        DivergenceReports,
+        DivergenceSummary,
+        StreamAnomalies,
+        HeartbeatLag,
+        ReplicationLag,
+        ExporterPositions,
+        ExporterRegressions,
+        CompactionBounds,
+        AuditTrend,
+    )
 }
 
 
@@ -21,3 +49,7 @@ def model_for(table: str) -> type[pa.DataFrameModel]:
 
 def struct_for(table: str) -> T.StructType:
     return model_for(table).to_structtype()
+
+
+def tables() -> list[str]:
+    return sorted(_MODELS)

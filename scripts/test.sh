@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+# Debian's Chromium for the browser test (skipped, with the reason, where it cannot be installed).
+./scripts/setup-browser.sh
 exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,325 @@
+"""Leap Frog divergence detection with heartbeats (SPEC section 4), in near-linear Spark.
+
+What is decided
+---------------
+For every pair of replicas A < B that both hold a (topic, partition), and every key k
+seen in either, the *versions* of k in a replica are its data rows in offset order,
+preceded by the pre-dump version ⊥ (content ABSENT, ``U = {}``, ``M = L`` of the key's
+first row, or ``L(end)`` when the key never appears) when the dump starts with
+START_OF_PUSH. Each version carries a content token (sha256 of the value, TOMBSTONE,
+ABSENT), its touch bound ``U`` (what made it) and its reach ``M`` (what the replica had
+applied while it was current); ``pipelines/watermarks.py`` computes both.
+
+A key is DIVERGENT when some v of A and w of B hold different content although
+``U(w) <= M(v)`` and ``U(v) <= M(w)``: each replica had applied everything that made
+the other's version while holding its own. Healthy replicas with deterministic conflict
+resolution can never show that, so it is a proof. A proven key that one replica (whose
+dump starts at START_OF_PUSH) never holds at all is MISSING in that replica. An unproven
+key whose last versions differ, or that one side (a mid-stream dump) never saw, is
+IN_FLIGHT. The rest are CONSISTENT and only counted. A version whose ``U`` is unknown (a
+mid-stream dump without a heartbeat vector) takes part in no proof.
+
+How it stays near-linear
+------------------------
+Pairing every version of A with every version of B is quadratic in a hot key's versions.
+Instead:
+
+1. Along the versions of one key in one replica, ``U`` and ``M`` only grow (``U`` is a
+   running max, ``M`` is ``L`` at a later and later row). So for a fixed w of B, the
+   versions v of A with ``U(v) <= M(w)`` form a *prefix* of A's versions, and those with
+   ``U(w) <= M(v)`` form a *suffix*. The versions of A that overlap w are one index
+   range ``[s(w), a(w))``.
+2. Vectors become dense arrays over the region universe, ``-1`` for a missing component,
+   which turns the SPEC order into plain componentwise ``<=``. Per region r,
+   ``a_r(w) = #{v : U_r(v) <= M_r(w)}`` and ``s_r(w) = #{v : M_r(v) < U_r(w)}`` are rank
+   queries: put A's values and B's query values of one (pair, key, region) in one sorted
+   list and take a running count of A's entries (one window, one sort). Then
+   ``a(w) = min_r a_r(w)`` and ``s(w) = max_r s_r(w)``.
+3. w proves divergence iff its range is non-empty and not all of A's tokens in it equal
+   w's token. Each version of A knows where the run of equal consecutive tokens it
+   starts ends (``run_end``). So: look up A's version at index ``s`` (an equi-join on key
+   and index); w is a proof iff ``token(v_s) != token(w)`` or ``run_end(s) < a(w)``. The
+   witness v is ``v_s`` in the first case, else the version at ``run_end(s)``: the first
+   version of the range whose content differs from w's.
+4. One witness per key: the earliest proving w (⊥ first), with its v.
+5. Last versions, counts and verdicts come from per-key aggregates and equi-joins.
+
+Every step is a sort-based window, an aggregate or an equi-join; the rows grow with
+versions x regions x (replicas - 1), never with versions squared.
+"""
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipelines.vectors import conform, dense, empty_vector, region_universe
+from schemas.divergence import DivergenceReports, DivergenceSummary
+
+ABSENT = "ABSENT"
+PART = ("snapshot_id", "topic", "partition")
+PAIR = (*PART, "replica_a", "replica_b")
+SIDES = ("a", "b")
+VERSION_COLUMNS = ("key", "side", "idx", "offset", "token", "value", "touch", "reach", "run_end")
+
+# The two rank problems of step 2.
+PREFIX = "a"  # A's U_r against w's M_r, counting ties: #{v : U_r(v) <= M_r(w)}
+SUFFIX = "s"  # A's M_r against w's U_r, not counting ties: #{v : M_r(v) < U_r(w)}
+
+
+def _replica_pairs(partition_wm: DataFrame) -> DataFrame:
+    """Every pair of replicas holding the same topic partition, with what each side's dump knows."""
+
+    def side(s: str) -> DataFrame:
+        return partition_wm.select(
+            *PART,
+            F.col("replica").alias(f"replica_{s}"),
+            F.col("starts_with_sop").alias(f"sop_{s}"),
+            F.col("end_lower_bound").alias(f"end_{s}"),
+        )
+
+    return side("a").join(side("b"), on=list(PART), how="inner").where(F.col("replica_a") < F.col("replica_b"))
+
+
+def _data_versions(row_watermarks: DataFrame) -> DataFrame:
+    """Per replica and key: its data rows in offset order, with position, run end and the key's totals."""
+    in_order = Window.partitionBy(*PART, "replica", "key").orderBy("offset")
+    whole = in_order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    indexed = row_watermarks.select(
+        *PART,
+        "replica",
+        "key",
+        "offset",
+        F.col("value_hash").alias("token"),
+        "value",
+        F.col("touch_bound").alias("touch"),
+        "reach",
+        (F.row_number().over(in_order.rowsBetween(Window.unboundedPreceding, Window.currentRow)) - 1).alias("pos"),
+        F.lag("value_hash", 1).over(in_order.rowsBetween(-1, -1)).alias("previous_token"),
+        F.count(F.lit(1)).over(whole).alias("data_rows"),
+        F.last("offset").over(whole).alias("last_offset"),
+        F.last("value_hash").over(whole).alias("last_hash"),
+        F.first("applied_lower_bound").over(whole).alias("first_lower_bound"),
+    )
+    run_starts = F.when(F.col("previous_token").isNull() | (F.col("previous_token") != F.col("token")), F.col("pos"))
+    return indexed.select(
+        "*",
+        # Where the content next changes after this row: the end of the run this row is in.
+        F.coalesce(F.min(run_starts).over(in_order.rowsBetween(1, Window.unboundedFollowing)), F.col("data_rows"))
+        .alias("run_end_pos"),
+    )
+
+
+def _paired_versions(data_versions: DataFrame, pairs: DataFrame) -> DataFrame:
+    """Every data version once per pair its replica is in, as side a or b, indexed after ⊥ when there is one."""
+    as_side = F.explode(
+        F.array(*[F.struct(F.col(f"replica_{s}").alias("replica"), F.lit(s).alias("side")) for s in SIDES])
+    )
+    pair_sides = pairs.select(*PAIR, "sop_a", "sop_b", "end_a", "end_b", as_side.alias("as")).select(
+        *PAIR, "sop_a", "sop_b", "end_a", "end_b", "as.replica", "as.side"
+    )
+    shift = F.when(F.col("side") == "a", F.col("sop_a")).otherwise(F.col("sop_b")).cast(T.LongType())
+    return data_versions.join(pair_sides, on=[*PART, "replica"], how="inner").select(
+        "*", (F.col("pos") + shift).alias("idx"), (F.col("run_end_pos") + shift).alias("run_end")
+    )
+
+
+def _pair_keys(paired: DataFrame) -> DataFrame:
+    """Per pair, every key seen in either replica, with both sides' totals and last versions."""
+
+    def of_side(s: str, column: str) -> Column:
+        return F.when(F.col("side") == s, F.col(column))
+
+    per_side = []
+    for s in SIDES:
+        per_side += [
+            F.max(of_side(s, "data_rows")).alias(f"data_rows_{s}"),
+            F.max(of_side(s, "last_offset")).alias(f"last_offset_{s}"),
+            F.max(of_side(s, "last_hash")).alias(f"last_hash_{s}"),
+            # One replica per side, and the value is the same on all its rows of the key.
+            F.first(of_side(s, "first_lower_bound"), ignorenulls=True).alias(f"first_lower_bound_{s}"),
+        ]
+    # sop_* and end_* describe the pair: the same on every row of the group.
+    pair_facts = [F.first(c).alias(c) for c in ("sop_a", "sop_b", "end_a", "end_b")]
+    return paired.groupBy(*PAIR, "key").agg(*per_side, *pair_facts)
+
+
+def _bottoms(pair_keys: DataFrame) -> DataFrame:
+    """⊥ of every pair key on each side whose dump starts with START_OF_PUSH: index 0, content ABSENT."""
+    candidates = F.array(
+        *[
+            F.struct(
+                F.lit(s).alias("side"),
+                F.col(f"sop_{s}").alias("has_bottom"),
+                F.coalesce(F.col(f"first_lower_bound_{s}"), F.col(f"end_{s}")).alias("reach"),
+            )
+            for s in SIDES
+        ]
+    )
+    return (
+        pair_keys.select(*PAIR, "key", F.inline(candidates))
+        .where(F.col("has_bottom"))
+        .select(
+            *PAIR,
+            "key",
+            "side",
+            F.lit(0).cast(T.LongType()).alias("idx"),
+            F.lit(None).cast(T.LongType()).alias("offset"),
+            F.lit(ABSENT).alias("token"),
+            F.lit(None).cast(T.StringType()).alias("value"),
+            empty_vector().alias("touch"),
+            "reach",
+            # Data tokens are hashes or TOMBSTONE, never ABSENT: the run of ⊥ ends right after it.
+            F.lit(1).cast(T.LongType()).alias("run_end"),
+        )
+    )
+
+
+def _rank_entries(versions: DataFrame, regions: list[str]) -> DataFrame:
+    """One row per (version with known U, region, rank problem): the value to sort and its tie order.
+
+    A's entries are counted, B's are the queries. For the prefix problem an A entry equal
+    to a query sorts before it (``<=``); for the suffix problem after it (``<``).
+    """
+    is_a = F.col("side") == "a"
+    per_region = versions.where(F.col("touch").isNotNull()).select(
+        *PAIR,
+        "key",
+        "side",
+        "idx",
+        "token",
+        F.posexplode(F.arrays_zip(dense(F.col("touch"), regions).alias("u"), dense(F.col("reach"), regions).alias("m")))
+        .alias("region", "um"),
+    )
+    problems = F.array(
+        F.struct(
+            F.lit(PREFIX).alias("problem"),
+            F.when(is_a, F.col("um.u")).otherwise(F.col("um.m")).alias("value"),
+            F.when(is_a, 0).otherwise(1).alias("tie"),
+        ),
+        F.struct(
+            F.lit(SUFFIX).alias("problem"),
+            F.when(is_a, F.col("um.m")).otherwise(F.col("um.u")).alias("value"),
+            F.when(is_a, 1).otherwise(0).alias("tie"),
+        ),
+    )
+    return per_region.select(*PAIR, "key", "side", "idx", "token", "region", F.inline(problems))
+
+
+def _overlap_ranges(versions: DataFrame, regions: list[str]) -> DataFrame:
+    """For every w of B with a known U: the index range ``[s, a)`` of A's versions overlapping it."""
+    ranked = Window.partitionBy(*PAIR, "key", "region", "problem").orderBy("value", "tie")
+    counted = _rank_entries(versions, regions).select(
+        "*",
+        F.sum((F.col("side") == "a").cast(T.LongType()))
+        .over(ranked.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+        .alias("a_before"),
+    )
+    return (
+        counted.where(F.col("side") == "b")
+        .groupBy(*PAIR, "key", F.col("idx").alias("w_idx"))
+        .agg(
+            F.max(F.when(F.col("problem") == SUFFIX, F.col("a_before"))).alias("s"),
+            F.min(F.when(F.col("problem") == PREFIX, F.col("a_before"))).alias("a"),
+            # Every row of one w carries w's token.
+            F.max("token").alias("w_token"),
+        )
+    )
+
+
+def _witnesses(versions: DataFrame, regions: list[str]) -> DataFrame:
+    """Per (pair, key) with a proof: the earliest proving w of B and the first differing v of A (steps 3-4)."""
+    ranges = _overlap_ranges(versions, regions).where(F.col("s") < F.col("a"))
+    at_s = versions.where(F.col("side") == "a").select(
+        *PAIR, "key", F.col("idx").alias("s"), F.col("token").alias("s_token"), F.col("run_end").alias("s_run_end")
+    )
+    checked = ranges.join(at_s, on=[*PAIR, "key", "s"], how="inner")
+    differs_at_s = F.col("s_token") != F.col("w_token")
+    proving = checked.where(differs_at_s | (F.col("s_run_end") < F.col("a"))).select(
+        *PAIR, "key", "w_idx", F.when(differs_at_s, F.col("s")).otherwise(F.col("s_run_end")).alias("v_idx")
+    )
+    first = proving.groupBy(*PAIR, "key").agg(F.min(F.struct("w_idx", "v_idx")).alias("first"))
+    witnesses = first.select(*PAIR, "key", F.col("first.w_idx").alias("w_idx"), F.col("first.v_idx").alias("v_idx"))
+
+    def version(s: str, idx_column: str) -> DataFrame:
+        return versions.where(F.col("side") == s).select(
+            *PAIR,
+            "key",
+            F.col("idx").alias(idx_column),
+            F.col("offset").alias(f"witness_offset_{s}"),
+            F.col("value").alias(f"witness_value_{s}"),
+            F.col("token").alias(f"witness_hash_{s}"),
+            F.col("touch").alias(f"touch_bound_{s}"),
+            F.col("reach").alias(f"reach_{s}"),
+        )
+
+    return witnesses.join(version("a", "v_idx"), on=[*PAIR, "key", "v_idx"], how="inner").join(
+        version("b", "w_idx"), on=[*PAIR, "key", "w_idx"], how="inner"
+    )
+
+
+def _verdicts(pair_keys: DataFrame, witnesses: DataFrame) -> DataFrame:
+    """Every pair key with its verdict, version counts, last versions and (when proven) witness."""
+
+    def side(s: str) -> tuple[Column, Column, Column]:
+        data_rows = F.coalesce(F.col(f"data_rows_{s}"), F.lit(0).cast(T.LongType()))
+        versions = data_rows + F.col(f"sop_{s}").cast(T.LongType())
+        last_hash = F.coalesce(F.col(f"last_hash_{s}"), F.when(F.col(f"sop_{s}"), F.lit(ABSENT)))
+        return data_rows, versions, last_hash
+
+    rows_a, versions_a, last_a = side("a")
+    rows_b, versions_b, last_b = side("b")
+    proven = F.col("w_idx").isNotNull()
+    verdict = (
+        F.when(proven & ((rows_a == 0) | (rows_b == 0)), F.lit("MISSING"))
+        .when(proven, F.lit("DIVERGENT"))
+        .when((versions_a == 0) | (versions_b == 0) | (last_a != last_b), F.lit("IN_FLIGHT"))
+        .otherwise(F.lit("CONSISTENT"))
+    )
+    # A proof needs a version on both sides, so a side without data rows holds only ⊥.
+    missing_in = F.when(proven & (rows_a == 0), F.col("replica_a")).when(proven & (rows_b == 0), F.col("replica_b"))
+    keep = [c for c in pair_keys.columns if c not in ("last_hash_a", "last_hash_b")]
+    return pair_keys.select(*keep, last_a.alias("last_hash_a"), last_b.alias("last_hash_b")).join(
+        witnesses, on=[*PAIR, "key"], how="left"
+    ).select(
+        "*",
+        verdict.alias("verdict"),
+        missing_in.alias("missing_in"),
+        versions_a.alias("versions_a"),
+        versions_b.alias("versions_b"),
+    )
+
+
+def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
+    def count_of(verdict: str) -> Column:
+        return F.sum((F.col("verdict") == verdict).cast(T.LongType()))
+
+    counted = ("keys_compared", "consistent", "divergent", "missing", "in_flight")
+    counts = verdicts.groupBy(*PAIR).agg(
+        F.count(F.lit(1)).alias("keys_compared"),
+        count_of("CONSISTENT").alias("consistent"),
+        count_of("DIVERGENT").alias("divergent"),
+        count_of("MISSING").alias("missing"),
+        count_of("IN_FLIGHT").alias("in_flight"),
+    )
+    zero = F.lit(0).cast(T.LongType())
+    # A pair whose partition holds no data rows still gets its row, all zeros.
+    return pairs.select(*PAIR).join(counts, on=list(PAIR), how="left").select(
+        *PAIR, *[F.coalesce(F.col(c), zero).alias(c) for c in counted]
+    )
+
+
+def compare_replicas(row_watermarks: DataFrame, partition_wm: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Leap Frog over every replica pair: (``divergence_reports``, ``divergence_summary``)."""
+    # Only regions that appear in some U can fail a comparison; any other compares -1 <= anything.
+    regions = region_universe(row_watermarks, vector_columns=["touch_bound"])
+    pairs = _replica_pairs(partition_wm)
+    paired = _paired_versions(_data_versions(row_watermarks), pairs)
+    pair_keys = _pair_keys(paired)
+    versions = paired.select(*PAIR, *VERSION_COLUMNS).unionByName(_bottoms(pair_keys))
+    verdicts = _verdicts(pair_keys, _witnesses(versions, regions))
+    reports = verdicts.where(F.col("verdict") != "CONSISTENT")
+    return (
+        conform(reports, DivergenceReports.to_structtype()),
+        conform(_summary(pairs, verdicts), DivergenceSummary.to_structtype()),
+    )

@@ -1,0 +1,94 @@
+"""Region -> offset vectors (SPEC section 3) as Spark columns, and the output-schema select.
+
+A vector is a ``map<string,bigint>`` from source region to upstream offset. A missing
+component means "nothing known" and sits below every offset. Spark has no aggregate
+that takes a componentwise max of maps over a window, so the running maxima are taken
+over a *dense* form: one ``bigint`` per region of a small region universe, with ``-1``
+for a missing component (offsets are never negative). With that encoding the SPEC order
+``u <= v`` (every component of ``u`` present in ``v`` and not larger) is exactly the
+componentwise ``<=`` of the dense arrays, and a missing component stays the smallest.
+
+The region universe is the handful of distinct region names of a frame, collected once
+on the driver: a few strings, whatever the number of rows.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from schemas.raw import VECTOR
+
+MISSING = -1
+
+
+def empty_vector() -> Column:
+    return F.create_map().cast(VECTOR)
+
+
+def single(region: Column | str, offset: Column | str) -> Column:
+    """The one-component vector ``{region: offset}``."""
+    return F.create_map(F.col(region) if isinstance(region, str) else region,
+                        (F.col(offset) if isinstance(offset, str) else offset).cast(T.LongType()))
+
+
+def vector_max(a: Column, b: Column) -> Column:
+    """Componentwise max of two vectors; a null vector counts as empty."""
+    return F.map_zip_with(
+        F.coalesce(a, empty_vector()), F.coalesce(b, empty_vector()), lambda _k, x, y: F.greatest(x, y)
+    )
+
+
+def vector_leq(u: Column, v: Column) -> Column:
+    """SPEC order ``u <= v``: every component of ``u`` is in ``v`` and not larger (null when either is null)."""
+    return F.when(u.isNull() | v.isNull(), F.lit(None).cast(T.BooleanType())).otherwise(
+        F.forall(F.map_keys(u), lambda k: F.coalesce(v[k] >= u[k], F.lit(False)))
+    )
+
+
+def region_universe(df: DataFrame, region_columns: Iterable[str] = (), vector_columns: Iterable[str] = ()) -> list[str]:
+    """Sorted distinct region names found in ``region_columns`` and the keys of ``vector_columns``."""
+    parts = [df.select(F.col(c).alias("region")) for c in region_columns]
+    parts += [df.select(F.explode(F.map_keys(c)).alias("region")) for c in vector_columns]
+    if not parts:
+        return []
+    names = parts[0]
+    for part in parts[1:]:
+        names = names.unionByName(part)
+    return sorted(r["region"] for r in names.where(F.col("region").isNotNull()).distinct().collect())
+
+
+def dense(vector: Column, regions: Sequence[str]) -> Column:
+    """``array<bigint>`` over ``regions`` with ``-1`` for a missing component (null stays null)."""
+    if not regions:
+        return F.when(vector.isNotNull(), F.array().cast(T.ArrayType(T.LongType())))
+    return F.when(
+        vector.isNotNull(), F.array(*[F.coalesce(vector[F.lit(r)], F.lit(MISSING).cast(T.LongType())) for r in regions])
+    )
+
+
+def sparse(components: Sequence[Column], regions: Sequence[str]) -> Column:
+    """The vector whose component for ``regions[i]`` is ``components[i]``; null or negative means missing."""
+    if not regions:
+        return empty_vector()
+    assembled = F.map_from_arrays(
+        F.array(*[F.lit(r) for r in regions]), F.array(*[c.cast(T.LongType()) for c in components])
+    )
+    return F.map_filter(assembled, lambda _k, v: v.isNotNull() & (v >= 0))
+
+
+def running_max(vector: Column, regions: Sequence[str], window: Window) -> Column:
+    """Componentwise max of ``vector`` over ``window`` (one max per region, all over one sort)."""
+    return sparse([F.max(vector[F.lit(r)]).over(window) for r in regions], regions)
+
+
+def running_max_single(region: Column, offset: Column, regions: Sequence[str], window: Window) -> Column:
+    """Componentwise max over ``window`` of the one-component vectors ``{region: offset}``."""
+    return sparse([F.max(F.when(region == F.lit(r), offset)).over(window) for r in regions], regions)
+
+
+def conform(df: DataFrame, struct: T.StructType) -> DataFrame:
+    """Select ``struct``'s columns in its order, each cast to its declared type."""
+    return df.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields])

@@ -1,0 +1,397 @@
+"""Leap Frog divergence reports (SPEC section 4) on hand-written scenarios.
+
+Every scenario is its own topic; all of them run through the pipeline once (module
+fixture), as the assets would: annotate, reconstruct watermarks, compare. Each test
+reads its topic's verdicts, and one test checks every key against the plain-Python
+reference in ``tests/reference_leapfrog.py``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import functions as F
+
+from pipelines.leapfrog import compare_replicas
+from pipelines.segments import annotate_segments
+from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
+from schemas.divergence import DivergenceReports, DivergenceSummary
+from schemas.validation import validation_errors
+from tests.reference_leapfrog import (
+    build_dump,
+    delete,
+    heartbeat,
+    leq,
+    put,
+    reference_verdicts,
+    sop,
+    stream,
+    vmax,
+)
+from tests.rows import raw_frame
+
+A, B, C = "dc-a", "dc-b", "dc-c"
+EXAMPLES = Path("/work/shared/examples")
+
+
+def sha(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def example_rows() -> list[dict]:
+    with open(EXAMPLES / "two-regions" / "part-0.jsonl") as lines:
+        return [json.loads(line) for line in lines]
+
+
+SCENARIOS: dict[str, list[dict]] = {
+    # TLA+ "symmetric" writes: the same writes reach both replicas, in different orders.
+    "symmetric": stream(A, "symmetric", [
+        sop(), put("k", "x", A, 0), put("j", "y", B, 0),
+        heartbeat(A, 1, {A: 1, B: 0}), heartbeat(B, 1, {A: 1, B: 1}),
+    ]) + stream(B, "symmetric", [
+        sop(), put("j", "y", B, 0), put("k", "x", A, 0),
+        heartbeat(B, 1, {A: 0, B: 1}), heartbeat(A, 1, {A: 1, B: 1}),
+    ]),
+    # TLA+ "asymmetric" writes: a:1 and a:2 reach dc-a only; dc-b's heartbeat covers them.
+    "asymmetric": stream(A, "asymmetric", [
+        sop(), put("k1", "v1", A, 0), put("k1", "v2", A, 1), put("k2", "n", A, 2), heartbeat(A, 3, {A: 3}),
+    ]) + stream(B, "asymmetric", [sop(), put("k1", "v1", A, 0), heartbeat(A, 3, {A: 3})]),
+    # The same loss before dc-b wrote a heartbeat covering it: not provable yet.
+    "asymmetric_uncovered": stream(A, "asymmetric_uncovered", [
+        sop(), put("k1", "v1", A, 0), put("k1", "v2", A, 1), put("k2", "n", A, 2), heartbeat(A, 3, {A: 3}),
+    ]) + stream(B, "asymmetric_uncovered", [sop(), put("k1", "v1", A, 0), heartbeat(B, 0, {A: 0, B: 0})]),
+    # TLA+ "eventually consistent" writes: concurrent x (ts 10) and y (ts 20). dc-a shows x
+    # for a while; at dc-b, x arrives after y and loses, so it never shows.
+    "eventually_consistent": stream(A, "eventually_consistent", [
+        sop(), put("k", "x", A, 0, 10), put("k", "y", B, 0, 20),
+        heartbeat(A, 1, {A: 1, B: 0}), heartbeat(B, 1, {A: 1, B: 1}),
+    ]) + stream(B, "eventually_consistent", [
+        sop(), put("k", "y", B, 0, 20), heartbeat(B, 1, {A: 0, B: 1}), heartbeat(A, 1, {A: 1, B: 1}),
+    ]),
+    # Duplicate delivery of a:0 (twice in a row, and again later while still current).
+    "duplicates": stream(A, "duplicates", [
+        sop(), put("k", "x", A, 0), put("k", "x", A, 0), put("j", "z", A, 1), put("k", "x", A, 0),
+        heartbeat(A, 2, {A: 2}),
+    ]) + stream(B, "duplicates", [sop(), put("k", "x", A, 0), put("j", "z", A, 1), heartbeat(A, 2, {A: 2})]),
+    # dc-b lags: it stopped after a:1.
+    "lagging": stream(A, "lagging", [
+        sop(), put("k", "v1", A, 0), heartbeat(A, 1, {A: 1}), put("k", "v2", A, 2), put("j", "w", A, 3),
+        heartbeat(A, 4, {A: 4}),
+    ]) + stream(B, "lagging", [sop(), put("k", "v1", A, 0), heartbeat(A, 1, {A: 1})]),
+    # A key written from b earlier in the same segment, then merged with a's update (a
+    # partial update: the record holds both). Bounding U(v) by the last heartbeat and
+    # the record's own source would "prove" a divergence here; the per-key max does not.
+    "same_segment": stream(A, "same_segment", [
+        sop(), heartbeat(A, 0, {A: 0, B: 0}), put("k", "f1=Y", B, 1), put("k", "f1=Y,f2=X", A, 1),
+        heartbeat(A, 2, {A: 2, B: 1}),
+    ]) + stream(B, "same_segment", [
+        sop(), heartbeat(A, 0, {A: 0, B: 0}), put("k", "f2=X", A, 1), put("k", "f1=Y,f2=X", B, 1),
+        heartbeat(A, 2, {A: 2, B: 1}),
+    ]),
+    # Venice's heartbeats today: no hb_vector, only their own (source_region, source_offset).
+    "no_vectors": stream(A, "no_vectors", [
+        sop(), put("k", "v", A, 0), put("k", "x", A, 1), heartbeat(A, 2, None),
+    ]) + stream(B, "no_vectors", [sop(), put("k", "v", A, 0), heartbeat(A, 2, None)]),
+    # Three replicas: dc-c applied a:0 with a corrupted value.
+    "three": stream(A, "three", [
+        sop(), put("k", "x", A, 0), put("j", "y", B, 0), heartbeat(C, 0, {A: 0, B: 0, C: 0}),
+    ]) + stream(B, "three", [
+        sop(), put("j", "y", B, 0), put("k", "x", A, 0), heartbeat(C, 0, {A: 0, B: 0, C: 0}),
+    ]) + stream(C, "three", [
+        sop(), put("k", "x-corrupt", A, 0), put("j", "y", B, 0), heartbeat(C, 0, {A: 0, B: 0, C: 0}),
+    ]),
+    # One topic, three partitions: same key names; only partition 1 lost a write; only dc-a holds 2.
+    "multi": stream(A, "multi", [sop(), put("k", "x", A, 0), heartbeat(A, 1, {A: 1})], partition=0)
+    + stream(B, "multi", [sop(), put("k", "x", A, 0), heartbeat(A, 1, {A: 1})], partition=0)
+    + stream(A, "multi", [sop(), put("k", "x", A, 0), put("k", "z", A, 1), heartbeat(A, 2, {A: 2})], partition=1)
+    + stream(B, "multi", [sop(), put("k", "x", A, 0), heartbeat(A, 2, {A: 2})], partition=1)
+    + stream(A, "multi", [sop(), put("k", "x", A, 0)], partition=2),
+    # dc-b's dump starts mid-stream at a heartbeat with a vector: P known, proofs possible.
+    "midstream_known": stream(A, "midstream_known", [
+        sop(), put("k", "p", A, 0), heartbeat(A, 1, {A: 1}), put("k", "q", A, 6), heartbeat(A, 7, {A: 7}),
+    ]) + stream(B, "midstream_known", [
+        heartbeat(A, 1, {A: 1}), put("k", "q-corrupt", A, 6), heartbeat(A, 7, {A: 7}),
+    ], first_offset=40),
+    # The same, but dc-b's heartbeats carry no vector: P unknown, nothing provable.
+    "midstream_unknown": stream(A, "midstream_unknown", [
+        sop(), put("k", "p", A, 0), heartbeat(A, 1, {A: 1}), put("k", "q", A, 6), heartbeat(A, 7, {A: 7}),
+    ]) + stream(B, "midstream_unknown", [
+        heartbeat(A, 1, None), put("k", "q-corrupt", A, 6), heartbeat(A, 7, None),
+    ], first_offset=40),
+    # A mid-stream dump that never saw k: IN_FLIGHT; j it holds the same.
+    "midstream_never_saw": stream(A, "midstream_never_saw", [
+        sop(), put("k", "x", A, 0), put("j", "y", A, 1), heartbeat(A, 2, {A: 2}),
+    ]) + stream(B, "midstream_never_saw", [put("j", "y", A, 1), heartbeat(A, 2, {A: 2})], first_offset=50),
+    # dc-a (replica_a) lost the only write of k: MISSING in dc-a.
+    "missing_in_a": stream(A, "missing_in_a", [sop(), put("j", "y", A, 0), heartbeat(A, 2, {A: 2})])
+    + stream(B, "missing_in_a", [sop(), put("j", "y", A, 0), put("k", "n", A, 1), heartbeat(A, 2, {A: 2})]),
+    # The VIP-2 proposal's heartbeats over three regions; k from dc-c, corrupted in dc-b.
+    "vip2": stream(A, "vip2", [
+        sop(), heartbeat(C, 4500, {A: 3, B: 199, C: 4500}), put("k", "red", C, 4600), put("same", "s", C, 4601),
+        heartbeat(A, 4, {A: 4, B: 199, C: 4900}),
+    ]) + stream(B, "vip2", [
+        sop(), heartbeat(C, 4500, {A: 3, B: 199, C: 4500}), put("k", "blue", C, 4600), put("same", "s", C, 4601),
+        heartbeat(A, 4, {A: 4, B: 199, C: 4900}),
+    ]),
+    # A delete lost in one replica: the other still holds the value; proven once covered.
+    "lost_delete": stream(A, "lost_delete", [
+        sop(), put("k", "x", A, 0), delete("k", B, 0), heartbeat(B, 1, {A: 0, B: 1}),
+    ]) + stream(B, "lost_delete", [sop(), put("k", "x", A, 0), heartbeat(B, 1, {A: 0, B: 1})]),
+}
+
+ALL_ROWS = [row for rows in SCENARIOS.values() for row in rows] + example_rows()
+
+
+@pytest.fixture(scope="module")
+def stages(spark):
+    annotated = annotate_segments(raw_frame(spark, ALL_ROWS)).localCheckpoint()
+    row_watermarks = reconstruct_watermarks(annotated).localCheckpoint()
+    partition_wm = partition_watermarks(annotated).localCheckpoint()
+    reports, summary = compare_replicas(row_watermarks, partition_wm)
+    return {
+        "watermarks": row_watermarks,
+        "reports": reports.localCheckpoint(),
+        "summary": summary.localCheckpoint(),
+    }
+
+
+@pytest.fixture(scope="module")
+def reports(stages):
+    return {
+        (r["topic"], r["partition"], r["replica_a"], r["replica_b"], r["key"]): r.asDict()
+        for r in stages["reports"].collect()
+    }
+
+
+@pytest.fixture(scope="module")
+def summary(stages):
+    return {
+        (r["topic"], r["partition"], r["replica_a"], r["replica_b"]): r.asDict() for r in stages["summary"].collect()
+    }
+
+
+def verdicts(reports: dict, topic: str) -> dict:
+    return {(k[1], k[2], k[3], k[4]): r["verdict"] for k, r in reports.items() if k[0] == topic}
+
+
+def test_shared_two_region_example_reports_exactly_the_expected_keys(reports, summary):
+    expected = json.loads((EXAMPLES / "two-regions.expected.json").read_text())["expected_reports"]
+    want = {(e["topic"], e["partition"], e["replica_a"], e["replica_b"], e["key"]): e["verdict"] for e in expected}
+    got = {k: r["verdict"] for k, r in reports.items() if k[0] == "store_v1"}
+    assert got == want
+    # Every other key is CONSISTENT: counted, not reported.
+    counts = summary[("store_v1", 0, A, B)]
+    assert counts["keys_compared"] == 8
+    assert (counts["consistent"], counts["divergent"], counts["missing"], counts["in_flight"]) == (5, 3, 0, 0)
+
+
+def test_every_verdict_and_witness_matches_the_reference(reports, summary):
+    expected = reference_verdicts([{**r, "snapshot_id": "t"} for r in ALL_ROWS])
+    flagged = {k: f for k, f in expected.items() if f.verdict != "CONSISTENT"}
+    assert {k: r["verdict"] for k, r in reports.items()} == {k: f.verdict for k, f in flagged.items()}
+    for k, finding in flagged.items():
+        got = reports[k]
+        assert got["missing_in"] == finding.missing_in, k
+        if finding.witness_a is not None:
+            assert (got["witness_offset_a"], got["witness_offset_b"]) == (
+                finding.witness_a.offset,
+                finding.witness_b.offset,
+            ), k
+    compared: dict = {}
+    for (topic, partition, a, b, _), _finding in expected.items():
+        compared[(topic, partition, a, b)] = compared.get((topic, partition, a, b), 0) + 1
+    assert {k: v["keys_compared"] for k, v in summary.items()} == compared
+
+
+def test_symmetric_writes_are_never_flagged(reports, summary):
+    assert verdicts(reports, "symmetric") == {}
+    assert summary[("symmetric", 0, A, B)]["consistent"] == 2
+
+
+def test_asymmetric_write_is_proven_once_covered_by_heartbeats_in_both(reports):
+    assert verdicts(reports, "asymmetric") == {(0, A, B, "k1"): "DIVERGENT", (0, A, B, "k2"): "MISSING"}
+    k1 = reports[("asymmetric", 0, A, B, "k1")]
+    # v = dc-a's v2 (offset 2), w = dc-b's v1 (offset 1).
+    assert (k1["witness_offset_a"], k1["witness_offset_b"]) == (2, 1)
+    assert (k1["witness_value_a"], k1["witness_value_b"]) == ("v2", "v1")
+    assert (k1["witness_hash_a"], k1["witness_hash_b"]) == (sha("v2"), sha("v1"))
+    assert (k1["touch_bound_a"], k1["reach_a"]) == ({A: 1}, {A: 3})
+    assert (k1["touch_bound_b"], k1["reach_b"]) == ({A: 0}, {A: 3})
+    assert leq(k1["touch_bound_b"], k1["reach_a"]) and leq(k1["touch_bound_a"], k1["reach_b"])
+    assert k1["missing_in"] is None
+    k2 = reports[("asymmetric", 0, A, B, "k2")]
+    assert k2["missing_in"] == B
+    # w is dc-b's pre-dump version: no offset, ABSENT.
+    assert (k2["witness_offset_a"], k2["witness_offset_b"]) == (3, None)
+    assert (k2["witness_hash_b"], k2["witness_value_b"]) == ("ABSENT", None)
+    assert (k2["touch_bound_b"], k2["reach_b"]) == ({}, {A: 3})
+    assert (k2["versions_a"], k2["versions_b"]) == (2, 1)
+
+
+def test_asymmetric_write_before_the_covering_heartbeat_is_in_flight(reports):
+    assert verdicts(reports, "asymmetric_uncovered") == {(0, A, B, "k1"): "IN_FLIGHT", (0, A, B, "k2"): "IN_FLIGHT"}
+    k1 = reports[("asymmetric_uncovered", 0, A, B, "k1")]
+    assert k1["witness_offset_a"] is None and k1["witness_hash_a"] is None
+    assert (k1["last_offset_a"], k1["last_offset_b"]) == (2, 1)
+    assert (k1["last_hash_a"], k1["last_hash_b"]) == (sha("v2"), sha("v1"))
+
+
+def test_eventually_consistent_writes_with_a_temporary_value_are_not_flagged(reports, summary):
+    assert verdicts(reports, "eventually_consistent") == {}
+    assert summary[("eventually_consistent", 0, A, B)]["consistent"] == 1
+
+
+def test_duplicate_deliveries_are_not_flagged(reports):
+    assert verdicts(reports, "duplicates") == {}
+
+
+def test_a_lagging_replica_is_in_flight_never_divergent(reports):
+    assert verdicts(reports, "lagging") == {(0, A, B, "k"): "IN_FLIGHT", (0, A, B, "j"): "IN_FLIGHT"}
+    j = reports[("lagging", 0, A, B, "j")]
+    assert (j["last_offset_b"], j["last_hash_b"], j["versions_b"]) == (None, "ABSENT", 1)
+    assert (j["last_offset_a"], j["last_hash_a"], j["versions_a"]) == (4, sha("w"), 2)
+
+
+def test_earlier_write_from_another_region_in_the_same_segment_is_not_flagged(reports):
+    assert verdicts(reports, "same_segment") == {}
+    # The scenario matters: with U bounded by the last heartbeat and the row's own source
+    # (dc-a's merged row: {a:1, b:0}), dc-a's "f1=Y,f2=X" and dc-b's "f2=X" would pass.
+    a = build_dump(SCENARIOS["same_segment"][:5])
+    b = build_dump(SCENARIOS["same_segment"][5:])
+    last_heartbeat_bound = vmax({A: 0, B: 0}, {A: 1})
+    assert leq(last_heartbeat_bound, b.reach[2]) and leq(b.touch[2], a.reach[3])
+    assert not leq(a.touch[3], b.reach[2])
+
+
+def test_heartbeats_without_vectors_still_prove_a_lost_write(reports, stages):
+    assert verdicts(reports, "no_vectors") == {(0, A, B, "k"): "DIVERGENT"}
+    k = reports[("no_vectors", 0, A, B, "k")]
+    assert (k["touch_bound_a"], k["reach_a"], k["touch_bound_b"], k["reach_b"]) == ({A: 1}, {A: 2}, {A: 0}, {A: 2})
+
+
+def test_three_replicas_are_compared_pairwise(reports, summary):
+    assert verdicts(reports, "three") == {(0, A, C, "k"): "DIVERGENT", (0, B, C, "k"): "DIVERGENT"}
+    assert sorted(k for k in summary if k[0] == "three") == [("three", 0, A, B), ("three", 0, A, C), ("three", 0, B, C)]
+    assert summary[("three", 0, A, B)]["consistent"] == 2
+
+
+def test_topics_and_partitions_are_compared_separately(reports, summary):
+    assert verdicts(reports, "multi") == {(1, A, B, "k"): "DIVERGENT"}
+    # Partition 2 is held by one replica only: there is no pair to compare.
+    assert sorted(k[1] for k in summary if k[0] == "multi") == [0, 1]
+
+
+def test_mid_stream_dump_with_a_known_pre_history_can_be_proven(reports):
+    assert verdicts(reports, "midstream_known") == {(0, A, B, "k"): "DIVERGENT"}
+    k = reports[("midstream_known", 0, A, B, "k")]
+    assert (k["witness_offset_a"], k["witness_offset_b"]) == (3, 41)
+    assert k["versions_b"] == 1  # no pre-dump version without START_OF_PUSH
+
+
+def test_mid_stream_dump_with_unknown_pre_history_is_never_divergent(reports):
+    assert verdicts(reports, "midstream_unknown") == {(0, A, B, "k"): "IN_FLIGHT"}
+
+
+def test_a_key_a_mid_stream_dump_never_saw_is_in_flight(reports):
+    assert verdicts(reports, "midstream_never_saw") == {(0, A, B, "k"): "IN_FLIGHT"}
+    k = reports[("midstream_never_saw", 0, A, B, "k")]
+    assert (k["versions_b"], k["last_hash_b"]) == (0, None)
+
+
+def test_missing_names_the_replica_that_lacks_the_key(reports):
+    assert verdicts(reports, "missing_in_a") == {(0, A, B, "k"): "MISSING"}
+    assert reports[("missing_in_a", 0, A, B, "k")]["missing_in"] == A
+
+
+def test_vip2_heartbeats_bound_a_write_from_a_third_region(reports, stages):
+    assert verdicts(reports, "vip2") == {(0, A, B, "k"): "DIVERGENT"}
+    marks = {
+        r["offset"]: r.asDict()
+        for r in stages["watermarks"].where((F.col("topic") == "vip2") & (F.col("replica") == A)).collect()
+    }
+    # Row 2 (k from dc-c:4600) sits after the heartbeat {3, 199, 4500}.
+    assert marks[2]["applied_lower_bound"] == {A: 3, B: 199, C: 4500}
+    # VIP-2 would bound U by that heartbeat: {3, 199, 4600}. The key's own sources are tighter.
+    assert marks[2]["touch_bound"] == {C: 4600}
+    # k stays current to the end: M is L(end), the heartbeat {4, 199, 4900}.
+    assert marks[2]["reach"] == {A: 4, B: 199, C: 4900}
+    assert marks[3]["applied_lower_bound"] == {A: 3, B: 199, C: 4600}
+    assert marks[3]["touch_bound"] == {C: 4601}
+    k = reports[("vip2", 0, A, B, "k")]
+    assert (k["witness_value_a"], k["witness_value_b"]) == ("red", "blue")
+    assert k["reach_b"] == {A: 4, B: 199, C: 4900}
+
+
+def test_a_lost_delete_is_proven_against_the_surviving_value(reports):
+    assert verdicts(reports, "lost_delete") == {(0, A, B, "k"): "DIVERGENT"}
+    k = reports[("lost_delete", 0, A, B, "k")]
+    assert (k["witness_hash_a"], k["witness_value_a"], k["witness_hash_b"]) == ("TOMBSTONE", None, sha("x"))
+
+
+def test_divergence_reports_schema_accepts_the_output_and_rejects_a_bad_row(stages):
+    table = stages["reports"]
+    assert validation_errors(DivergenceReports, table) == []
+    bad = table.withColumn("verdict", F.lit("CONSISTENT"))
+    assert any(e.column == "verdict" for e in validation_errors(DivergenceReports, bad))
+
+
+def test_divergence_summary_schema_accepts_the_output_and_rejects_a_bad_row(stages):
+    table = stages["summary"]
+    assert validation_errors(DivergenceSummary, table) == []
+    bad = table.withColumn("divergent", F.lit(None).cast("long"))
+    assert any(e.column == "divergent" for e in validation_errors(DivergenceSummary, bad))
+
+
+# A hot key: thousands of versions per replica must not be paired with each other.
+HOT_VERSIONS = 2000
+
+
+def hot_key_rows() -> list[dict]:
+    def messages(corrupt_at: int | None) -> list[dict]:
+        out = [sop()]
+        for i in range(HOT_VERSIONS):
+            value = f"v{i % 3}" + ("-corrupt" if i == corrupt_at else "")
+            out.append(put("hot", value, A, i))
+            if i % 100 == 99:
+                out.append(heartbeat(A, i, {A: i}))
+        return out + [heartbeat(A, HOT_VERSIONS, {A: HOT_VERSIONS})]
+
+    return stream(A, "hot", messages(None)) + stream(B, "hot", messages(HOT_VERSIONS - 10))
+
+
+def _largest_operator_output(plan) -> int:
+    """The most rows any operator of an executed physical plan produced."""
+    largest, stack = 0, [plan]
+    while stack:
+        node = stack.pop()
+        rows = node.metrics().get("numOutputRows")
+        if rows.isDefined():
+            largest = max(largest, int(rows.get().value()))
+        children = node.children()
+        stack.extend(children.apply(i) for i in range(children.size()))
+    return largest
+
+
+def test_a_hot_key_is_compared_without_pairing_all_its_versions(spark):
+    annotated = annotate_segments(raw_frame(spark, hot_key_rows())).localCheckpoint()
+    reports, _ = compare_replicas(
+        reconstruct_watermarks(annotated).localCheckpoint(), partition_watermarks(annotated).localCheckpoint()
+    )
+    plan = reports._jdf.queryExecution().optimizedPlan().toString()
+    assert "Cartesian" not in plan and "Join Cross" not in plan
+    # Without adaptive execution the executed plan is fixed, so its operators' row counts can be read.
+    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    try:
+        found = reports.collect()
+        executed = reports._jdf.queryExecution().executedPlan()
+        physical = executed.toString()
+        largest = _largest_operator_output(executed)
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+    assert [(r["key"], r["verdict"], r["witness_offset_b"]) for r in found] == [("hot", "DIVERGENT", 2010)]
+    assert "BroadcastNestedLoopJoin" not in physical and "CartesianProduct" not in physical
+    # Linear: a few rows per version and region (4,000 versions here); pairing would make 4,000,000.
+    assert largest < 20 * 2 * HOT_VERSIONS
