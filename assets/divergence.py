@@ -4,6 +4,7 @@ import dagster as dg
 from pyspark.sql import functions as F
 
 from assets.partitions import snapshot_partitions
+from assets.previews import divergence_by_pair
 from assets.tables import materialize_stage, read_stage, schema_check_spec
 from pipelines.leapfrog import compare_replicas
 from resources.delta_store import DeltaStore
@@ -45,10 +46,15 @@ def divergence_reports(context: dg.AssetExecutionContext, spark: SparkResource, 
     )
     reports_result = materialize_stage(session, store, reports, "divergence_reports", snapshot_id)
     summary_result = materialize_stage(session, store, summary, "divergence_summary", snapshot_id)
-    totals = verdict_totals(read_stage(session, store, "divergence_summary", snapshot_id))
+    written_summary = read_stage(session, store, "divergence_summary", snapshot_id)
+    totals = verdict_totals(written_summary)
     yield dg.MaterializeResult(
         asset_key="divergence_reports",
-        metadata={**reports_result.metadata, **{f"keys_{k.lower()}": v for k, v in totals.items()}},
+        metadata={
+            **reports_result.metadata,
+            **{f"keys_{k.lower()}": v for k, v in totals.items()},
+            "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(written_summary)),
+        },
         check_results=reports_result.check_results,
     )
     yield summary_result

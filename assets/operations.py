@@ -2,8 +2,10 @@
 
 import dagster as dg
 from pydantic import Field
+from pyspark.sql import functions as F
 
 from assets.partitions import snapshot_partitions
+from assets.previews import compaction_holdbacks, worst_lagging
 from assets.tables import materialize_stage, read_stage, schema_check_spec
 from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
@@ -14,6 +16,7 @@ from resources.spark import SparkResource
 GROUP = "operations"
 KINDS = {"spark", "delta"}
 _DEFAULT_BOUNDS = AnomalyBounds()
+EXAMPLES = 10
 
 
 class AnomalyConfig(dg.Config):
@@ -78,7 +81,13 @@ def replication_lag(context: dg.AssetExecutionContext, spark: SparkResource, sto
     per_heartbeat = heartbeat_lag(read_stage(session, store, "raw_topic_snapshots", snapshot_id))
     yield materialize_stage(session, store, per_heartbeat, "heartbeat_lag", snapshot_id)
     written = read_stage(session, store, "heartbeat_lag", snapshot_id)
-    yield materialize_stage(session, store, lag_summary(written), "replication_lag", snapshot_id)
+    summary = materialize_stage(session, store, lag_summary(written), "replication_lag", snapshot_id)
+    preview = worst_lagging(read_stage(session, store, "replication_lag", snapshot_id))
+    yield dg.MaterializeResult(
+        asset_key="replication_lag",
+        metadata={**summary.metadata, "worst_lagging": dg.MetadataValue.md(preview)},
+        check_results=summary.check_results,
+    )
 
 
 @dg.multi_asset(
@@ -119,4 +128,81 @@ def exporter_tables(context: dg.AssetExecutionContext, spark: SparkResource, sto
     yield materialize_stage(session, store, exporter_positions(raw), "exporter_positions", snapshot_id)
     yield materialize_stage(session, store, exporter_regressions(raw), "exporter_regressions", snapshot_id)
     positions = read_stage(session, store, "exporter_positions", snapshot_id)
-    yield materialize_stage(session, store, compaction_bounds(raw, positions), "compaction_bounds", snapshot_id)
+    bounds = materialize_stage(session, store, compaction_bounds(raw, positions), "compaction_bounds", snapshot_id)
+    preview = compaction_holdbacks(read_stage(session, store, "compaction_bounds", snapshot_id))
+    yield dg.MaterializeResult(
+        asset_key="compaction_bounds",
+        metadata={**bounds.metadata, "holding_back_compaction": dg.MetadataValue.md(preview)},
+        check_results=bounds.check_results,
+    )
+
+
+class LagBounds(dg.Config):
+    max_lag_p99_ms: int = Field(
+        default=60_000, description="Warn when a replica's p99 upper lag bound from an origin exceeds this."
+    )
+    max_staleness_ms: int = Field(
+        default=300_000, description="Warn when a replica's end-of-snapshot staleness from an origin exceeds this."
+    )
+
+
+@dg.asset_check(
+    asset="replication_lag",
+    name="lag_within_bounds",
+    description="Warns when a replica's p99 lag or staleness from an origin region is above the configured bound.",
+    partitions_def=snapshot_partitions,
+)
+def lag_within_bounds(
+    context: dg.AssetCheckExecutionContext, config: LagBounds, spark: SparkResource, store: DeltaStore
+) -> dg.AssetCheckResult:
+    lag = read_stage(spark.spark_session, store, "replication_lag", context.partition_key)
+    over = lag.where(
+        (F.col("p99_upper_ms") > config.max_lag_p99_ms) | (F.col("staleness_ms") > config.max_staleness_ms)
+    )
+    return _bound_result(
+        over.orderBy(F.desc_nulls_last("p99_upper_ms")).limit(EXAMPLES).collect(),
+        ["replica", "origin_region", "p99_upper_ms", "staleness_ms"],
+        over.count(),
+        {"max_lag_p99_ms": config.max_lag_p99_ms, "max_staleness_ms": config.max_staleness_ms},
+        "replica/origin pair(s) lag beyond the bound",
+    )
+
+
+class ExporterBounds(dg.Config):
+    max_lag_positions: int = Field(default=100_000, description="Warn when an exporter is more offsets behind.")
+    max_lag_ms: int = Field(default=600_000, description="Warn when an exporter is further behind in applied time.")
+
+
+@dg.asset_check(
+    asset="exporter_positions",
+    name="exporters_within_bounds",
+    description="Warns when an exporter lags its partition by more than the configured positions or time.",
+    partitions_def=snapshot_partitions,
+)
+def exporters_within_bounds(
+    context: dg.AssetCheckExecutionContext, config: ExporterBounds, spark: SparkResource, store: DeltaStore
+) -> dg.AssetCheckResult:
+    positions = read_stage(spark.spark_session, store, "exporter_positions", context.partition_key)
+    over = positions.where(
+        (F.col("lag_positions") > config.max_lag_positions) | (F.col("lag_ms") > config.max_lag_ms)
+    )
+    return _bound_result(
+        over.orderBy(F.desc_nulls_last("lag_positions")).limit(EXAMPLES).collect(),
+        ["exporter", "replica", "topic", "partition", "lag_positions", "lag_ms"],
+        over.count(),
+        {"max_lag_positions": config.max_lag_positions, "max_lag_ms": config.max_lag_ms},
+        "exporter position(s) lag beyond the bound",
+    )
+
+
+def _bound_result(examples, columns: list[str], total: int, bounds: dict, what: str) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        passed=total == 0,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={
+            "over_bound": total,
+            **bounds,
+            "examples": dg.MetadataValue.json([{c: r[c] for c in columns} for r in examples]),
+        },
+        description=None if total == 0 else f"{total} {what}",
+    )

@@ -35,7 +35,7 @@ def build_definitions(
 ) -> dg.Definitions:
     return dg.Definitions(
         assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations, trend]),
-        asset_checks=[divergence.no_proven_divergence],
+        asset_checks=[divergence.no_proven_divergence, operations.lag_within_bounds, operations.exporters_within_bounds],
         jobs=[audit_snapshot, refresh_trend],
         schedules=[reaudit_newest_snapshot],
         sensors=[landing_sensor, trend_after_audit],

@@ -86,7 +86,7 @@ def test_rematerializing_a_snapshot_leaves_one_copy_of_every_row(spark, example_
 def test_a_simulated_snapshot_with_faults_reports_every_fault_and_nothing_else(spark, tmp_path):
     landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
     config = SimulationConfig(
-        seed=3, regions=3, partitions=2, keys=60, writes=1500, lost_writes=2, corrupted_values=2,
+        seed=5, regions=3, partitions=2, keys=400, writes=1200, lost_writes=3, corrupted_values=3,
         duplicate_deliveries=3, conflicting_writes=3,
     )
     simulate(str(landing), "sim", config)

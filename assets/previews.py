@@ -1,0 +1,68 @@
+"""Short Markdown previews for the materialization page, where a person would rather read than query."""
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+ROWS_SHOWN = 10
+
+
+def markdown_table(rows, columns: list[tuple[str, str]], empty: str) -> str:
+    """``columns`` are (field, heading) pairs; ``rows`` are Spark Rows or dicts."""
+    if not rows:
+        return f"_{empty}_"
+    head = "| " + " | ".join(h for _, h in columns) + " |\n|" + "---|" * len(columns) + "\n"
+    body = "".join(
+        "| " + " | ".join("-" if r[f] is None else str(r[f]) for f, _ in columns) + " |\n" for r in rows
+    )
+    return head + body
+
+
+def divergence_by_pair(summary: DataFrame) -> str:
+    rows = (
+        summary.groupBy("replica_a", "replica_b")
+        .agg(
+            F.sum("keys_compared").alias("compared"),
+            F.sum("divergent").alias("divergent"),
+            F.sum("missing").alias("missing"),
+            F.sum("in_flight").alias("in_flight"),
+        )
+        .orderBy(F.desc(F.col("divergent") + F.col("missing")), "replica_a", "replica_b")
+        .limit(ROWS_SHOWN)
+        .collect()
+    )
+    return markdown_table(
+        rows,
+        [("replica_a", "replica A"), ("replica_b", "replica B"), ("compared", "keys compared"),
+         ("divergent", "DIVERGENT"), ("missing", "MISSING"), ("in_flight", "IN_FLIGHT")],
+        "no replica pair shares a partition in this snapshot",
+    )
+
+
+def worst_lagging(replication_lag: DataFrame) -> str:
+    rows = (
+        replication_lag.orderBy(F.desc_nulls_last("p99_upper_ms"), F.desc_nulls_last("staleness_ms"))
+        .limit(ROWS_SHOWN)
+        .collect()
+    )
+    return markdown_table(
+        rows,
+        [("replica", "replica"), ("origin_region", "from"), ("heartbeats", "heartbeats"),
+         ("p99_upper_ms", "p99 lag ≤ (ms)"), ("max_upper_ms", "max lag ≤ (ms)"), ("staleness_ms", "staleness (ms)"),
+         ("stalest_topic", "stalest topic"), ("stalest_partition", "partition")],
+        "no heartbeat in this snapshot",
+    )
+
+
+def compaction_holdbacks(bounds: DataFrame) -> str:
+    rows = (
+        bounds.where(F.col("holding_back_exporter").isNotNull())
+        .orderBy(F.desc_nulls_last("reexport_exposure_rows"), "replica", "topic", "partition")
+        .limit(ROWS_SHOWN)
+        .collect()
+    )
+    return markdown_table(
+        rows,
+        [("replica", "replica"), ("topic", "topic"), ("partition", "partition"),
+         ("holding_back_exporter", "held back by"), ("compaction_bound", "compact below"),
+         ("processed_offset", "processed to"), ("reexport_exposure_rows", "re-export exposure (rows)")],
+        "no exporter reports in this snapshot",
+    )
