@@ -1,6 +1,7 @@
 """Build small frames shaped like the project's tables from plain Python dicts."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable
 
 from pyspark.sql import DataFrame, SparkSession
@@ -14,3 +15,7 @@ def raw_frame(spark: SparkSession, rows: Iterable[dict[str, Any]], snapshot_id: 
     defaults = {"snapshot_id": snapshot_id, "copies": 1, "source_file": "test.jsonl"}
     records = [tuple({**defaults, **row}.get(f.name) for f in struct.fields) for row in rows]
     return spark.createDataFrame(records, struct)
+
+
+# SPEC's shared examples sit beside the project folder (../shared/examples).
+SHARED_EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "examples"

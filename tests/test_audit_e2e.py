@@ -13,8 +13,9 @@ from replica_lens.cli import main
 from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
 from schemas.registry import struct_for
+from tests.rows import SHARED_EXAMPLES
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "shared" / "examples"
+EXAMPLE = SHARED_EXAMPLES
 PER_SNAPSHOT_TABLES = (
     "raw_topic_snapshots",
     "raw_topic_quarantine",

@@ -21,8 +21,9 @@ from pipelines.ingest import (
 )
 from schemas.raw import MESSAGE_FIELDS, RawTopicQuarantine, RawTopicSnapshots
 from schemas.validation import validation_errors
+from tests.rows import SHARED_EXAMPLES
 
-EXAMPLE = Path("/work/shared/examples/two-regions")
+EXAMPLE = SHARED_EXAMPLES / "two-regions"
 
 
 def sop(offset, replica="dc-a", **more):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
@@ -30,10 +29,10 @@ from tests.reference_leapfrog import (
     stream,
     vmax,
 )
-from tests.rows import raw_frame
+from tests.rows import SHARED_EXAMPLES, raw_frame
 
 A, B, C = "dc-a", "dc-b", "dc-c"
-EXAMPLES = Path("/work/shared/examples")
+EXAMPLES = SHARED_EXAMPLES
 
 
 def sha(value: str) -> str:
