@@ -182,6 +182,8 @@ def _rank_entries(versions: DataFrame, regions: list[str]) -> DataFrame:
     to a query sorts before it (``<=``); for the suffix problem after it (``<``).
     """
     is_a = F.col("side") == "a"
+    # U is unknown for all versions of a dump or for none (it hinges on the dump's P), so
+    # the versions kept are still indexed 0..n-1 and the counts below are indices.
     per_region = versions.where(F.col("touch").isNotNull()).select(
         *PAIR,
         "key",

@@ -1,12 +1,13 @@
 """Region -> offset vectors (SPEC section 3) as Spark columns, and the output-schema select.
 
 A vector is a ``map<string,bigint>`` from source region to upstream offset. A missing
-component means "nothing known" and sits below every offset. Spark has no aggregate
-that takes a componentwise max of maps over a window, so the running maxima are taken
-over a *dense* form: one ``bigint`` per region of a small region universe, with ``-1``
-for a missing component (offsets are never negative). With that encoding the SPEC order
-``u <= v`` (every component of ``u`` present in ``v`` and not larger) is exactly the
-componentwise ``<=`` of the dense arrays, and a missing component stays the smallest.
+component means "nothing known" and sits below every offset. Spark has no aggregate that
+takes a componentwise max of maps over a window, so a running max is one ``max`` per
+region of a small region universe (all over the same window, hence one sort), assembled
+back into a map. For comparisons, ``dense`` lays a vector out as one ``bigint`` per region
+with ``-1`` for a missing component (offsets are never negative): the SPEC order
+``u <= v`` (every component of ``u`` present in ``v`` and not larger) is then exactly the
+componentwise ``<=`` of the dense arrays.
 
 The region universe is the handful of distinct region names of a frame, collected once
 on the driver: a few strings, whatever the number of rows.

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from pipelines.leapfrog import compare_replicas
 from pipelines.segments import annotate_segments
+from pipelines.vectors import vector_leq
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from schemas.divergence import DivergenceReports, DivergenceSummary
 from schemas.validation import validation_errors
@@ -134,6 +135,8 @@ SCENARIOS: dict[str, list[dict]] = {
         sop(), heartbeat(C, 4500, {A: 3, B: 199, C: 4500}), put("k", "blue", C, 4600), put("same", "s", C, 4601),
         heartbeat(A, 4, {A: 4, B: 199, C: 4900}),
     ]),
+    # Both replicas hold the partition but no data rows: a pair with nothing to compare.
+    "no_data": stream(A, "no_data", [sop(), heartbeat(A, 0, {A: 0})]) + stream(B, "no_data", [sop()]),
     # A delete lost in one replica: the other still holds the value; proven once covered.
     "lost_delete": stream(A, "lost_delete", [
         sop(), put("k", "x", A, 0), delete("k", B, 0), heartbeat(B, 1, {A: 0, B: 1}),
@@ -201,7 +204,24 @@ def test_every_verdict_and_witness_matches_the_reference(reports, summary):
     compared: dict = {}
     for (topic, partition, a, b, _), _finding in expected.items():
         compared[(topic, partition, a, b)] = compared.get((topic, partition, a, b), 0) + 1
-    assert {k: v["keys_compared"] for k, v in summary.items()} == compared
+    assert {k: v["keys_compared"] for k, v in summary.items() if v["keys_compared"]} == compared
+
+
+def test_a_pair_without_data_rows_gets_a_zero_summary_row(reports, summary):
+    assert verdicts(reports, "no_data") == {}
+    counts = summary[("no_data", 0, A, B)]
+    assert [counts[c] for c in ("keys_compared", "consistent", "divergent", "missing", "in_flight")] == [0] * 5
+
+
+def test_every_proof_names_a_witness_that_satisfies_the_definition(stages):
+    proven = stages["reports"].where(F.col("verdict").isin("DIVERGENT", "MISSING"))
+    checked = proven.select(
+        (F.col("witness_hash_a") != F.col("witness_hash_b")).alias("contents_differ"),
+        vector_leq(F.col("touch_bound_b"), F.col("reach_a")).alias("a_had_applied_w"),
+        vector_leq(F.col("touch_bound_a"), F.col("reach_b")).alias("b_had_applied_v"),
+    ).collect()
+    assert len(checked) >= 10
+    assert all(all(row) for row in checked)
 
 
 def test_symmetric_writes_are_never_flagged(reports, summary):
@@ -264,7 +284,7 @@ def test_earlier_write_from_another_region_in_the_same_segment_is_not_flagged(re
     assert not leq(a.touch[3], b.reach[2])
 
 
-def test_heartbeats_without_vectors_still_prove_a_lost_write(reports, stages):
+def test_heartbeats_without_vectors_still_prove_a_lost_write(reports):
     assert verdicts(reports, "no_vectors") == {(0, A, B, "k"): "DIVERGENT"}
     k = reports[("no_vectors", 0, A, B, "k")]
     assert (k["touch_bound_a"], k["reach_a"], k["touch_bound_b"], k["reach_b"]) == ({A: 1}, {A: 2}, {A: 0}, {A: 2})
