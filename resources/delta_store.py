@@ -14,7 +14,8 @@ Two engines write the same table format:
   them in one transaction that also removes the snapshot's previous files. The data is
   written once, by Spark; delta-rs only writes the log. A crash before the commit
   leaves the table at its previous version (the orphan files are never read and are
-  removed by ``VACUUM``).
+  removed by ``VACUUM``). Two writers of one snapshot at once end as if they had run one
+  after the other: one copy, the later commit's.
 
 ``engine="auto"`` picks native when the session has delta-spark loaded.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import time
@@ -42,6 +44,8 @@ from resources.spark import has_native_delta
 PARTITION_COLUMN = "snapshot_id"
 _SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
+# Commits that lose a race to a concurrent writer are retried this many times in all.
+_COMMIT_ATTEMPTS = 10
 
 
 class UnsafeNameError(ValueError):
@@ -211,20 +215,48 @@ class DeltaStore(dg.ConfigurableResource):
                         stats=json.dumps({"numRecords": num_rows}),
                     )
                 )
-        dt = DeltaTable(uri)
         try:
-            dt.create_write_transaction(
-                actions,
-                mode="overwrite",
-                schema=arrow_schema,
-                partition_by=[PARTITION_COLUMN],
-                partition_filters=None if snapshot_id is None else [(PARTITION_COLUMN, "=", snapshot_id)],
-            )
+            version = self._commit_embedded(uri, actions, arrow_schema, snapshot_id)
         except Exception:
             shutil.rmtree(local_target, ignore_errors=True)
             raise
+        return WriteResult(table_uri=uri, version=version, row_count=rows, engine="embedded", files=len(actions))
+
+    @staticmethod
+    def _commit_embedded(uri: str, actions: list, arrow_schema, snapshot_id: Optional[str]) -> int:
+        """Commit ``actions`` as the snapshot's (or table's) only files; return the new version.
+
+        delta-rs finds no conflict between two overwrites of a partition that held no files
+        (both would commit: two copies), and sees one between overwrites of different
+        partitions (a false failure). So each commit claims its partition with an
+        application transaction id, which two commits of one partition cannot both carry,
+        and a commit that lost a race is retried on the fresh table: its overwrite then
+        replaces what the winner wrote, as if the writes had run one after the other.
+        """
+        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        claim = f"replica-lens:{PARTITION_COLUMN}={snapshot_id}" if snapshot_id is not None else "replica-lens:table"
+        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+            dt = DeltaTable(uri)
+            try:
+                dt.create_write_transaction(
+                    actions,
+                    mode="overwrite",
+                    schema=arrow_schema,
+                    partition_by=[PARTITION_COLUMN],
+                    partition_filters=None if snapshot_id is None else [(PARTITION_COLUMN, "=", snapshot_id)],
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(app_id=claim, version=dt.version() + 1)]
+                    ),
+                )
+                break
+            except CommitFailedError:
+                if attempt == _COMMIT_ATTEMPTS:
+                    raise
+                time.sleep(random.uniform(0.05, 0.25) * attempt)
         dt.update_incremental()
-        return WriteResult(table_uri=uri, version=dt.version(), row_count=rows, engine="embedded", files=len(actions))
+        return dt.version()
 
     # ------------------------------------------------------------------ read
     def read_snapshot(self, spark: SparkSession, table: str, snapshot_id: str, struct: T.StructType) -> DataFrame:
