@@ -121,7 +121,7 @@ def audit_snapshots(
     fail_on_divergence: bool = False,
     spark_master: str = "local[*]",
     delta_jars_dir: Optional[str] = None,
-    shuffle_partitions: int = 8,
+    shuffle_partitions: int = 64,
 ) -> int:
     """Audit the named snapshot, or every complete one; print a summary; return the exit code."""
     zone = LandingZone(root=landing)

@@ -30,7 +30,7 @@ def build_definitions(
     warehouse_root: Setting = dg.EnvVar("REPLICA_LENS_WAREHOUSE"),
     spark_master: Setting = dg.EnvVar("REPLICA_LENS_SPARK_MASTER"),
     delta_jars_dir: Optional[Setting] = dg.EnvVar("REPLICA_LENS_DELTA_JARS"),
-    shuffle_partitions: int = 8,
+    shuffle_partitions: int = 64,
     delta_engine: str = "auto",
 ) -> dg.Definitions:
     return dg.Definitions(

@@ -37,8 +37,8 @@ def delta_jars(delta_jars_dir: Optional[str]) -> list[str]:
 def spark_config(
     master: str = "local[*]",
     app_name: str = "replica-lens",
-    shuffle_partitions: int = 8,
-    driver_memory: str = "4g",
+    shuffle_partitions: int = 64,
+    driver_memory: str = "3g",
     delta_jars_dir: Optional[str] = None,
     extra: Optional[dict[str, str]] = None,
 ) -> dict[str, str]:
@@ -48,6 +48,15 @@ def spark_config(
         "spark.driver.memory": driver_memory,
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.sql.adaptive.enabled": "true",
+        # shuffle_partitions is an upper bound: adaptive execution merges each shuffle's
+        # partitions to about the advisory size, so small snapshots get a few tasks and
+        # large ones get more, without retuning per snapshot.
+        "spark.sql.adaptive.coalescePartitions.enabled": "true",
+        "spark.sql.adaptive.coalescePartitions.parallelismFirst": "false",
+        "spark.sql.adaptive.advisoryPartitionSizeInBytes": "32m",
+        # Joins and windows of one stage share their leading keys (e.g. pair and key): a frame
+        # already clustered by those keys is joined without another exchange.
+        "spark.sql.requireAllClusterKeysForCoPartition": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -92,9 +101,12 @@ class SparkResource(PySparkResource):
     spark_config: dict = Field(default_factory=dict, description="Extra Spark settings, applied last.")
     master: str = Field(default="local[*]", description="Spark master URL; local[*] runs embedded.")
     shuffle_partitions: int = Field(
-        default=8, description="spark.sql.shuffle.partitions: match it to the data size and cores."
+        default=64,
+        description="spark.sql.shuffle.partitions, an upper bound: adaptive execution merges partitions to ~32 MB each.",
     )
-    driver_memory: str = Field(default="4g", description="Driver heap (only applies when this process starts the JVM).")
+    driver_memory: str = Field(
+        default="3g", description="Driver heap (only applies when this process starts the JVM); the JVM's RSS stays under ~4 GiB."
+    )
     delta_jars_dir: Optional[str] = Field(
         default=None,
         description="Folder with the delta-spark and delta-storage jars; when set and present, Delta is written natively.",
