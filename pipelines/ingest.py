@@ -11,7 +11,13 @@ Accounting, precisely:
     rows_read = non-blank JSONL lines + Parquet rows + one per unreadable file (or unreadable tail)
               = rows_accepted (sum of ``copies``) + rows_quarantined (rows of the quarantine)
 
-- Blank lines (empty or only ASCII whitespace) carry no message and are not rows.
+- A JSONL line ends at LF and only there; one CR before the LF is part of a CRLF ending.
+  A UTF-8 byte order mark opening a file is dropped (Hadoop's line reader does so). A line
+  that is empty or holds only ASCII whitespace (space, tab, LF, vertical tab, form feed,
+  CR) is blank: it carries no message and is not a row. Every other line is a row whatever
+  it holds (NUL, invalid UTF-8, a lone CR, NEL, U+2028/U+2029, a BOM later in the file):
+  accepted or quarantined, MALFORMED_JSON at worst. Spark's reader and the Python salvage
+  of a broken gzip file apply this same rule.
 - A gzip file that breaks part-way (truncated, corrupt, trailing garbage) keeps its
   complete lines before the break; one UNREADABLE_FILE row (raw null) stands for the rest,
   whose lines cannot be counted. A Parquet file Spark or pyarrow cannot open is one
@@ -72,8 +78,10 @@ _LINES_ARROW = pa.schema(
 )
 _CHUNK = 1 << 20
 _GZIP_WBITS = 31  # zlib with a gzip header and trailer
-# Java's \s, which the blank-line filter on the Spark side uses: ASCII whitespace only.
+# What a blank line may hold, on the Spark side (btrim) and in Python (_BLANK) alike.
+_BLANK_CHARS = " \t\n\x0b\f\r"
 _BLANK = re.compile(rb"[ \t\n\x0b\f\r]*")
+_UTF8_BOM = b"\xef\xbb\xbf"
 _GLOB_CHARS = re.compile(r"([\\{}\[\]*?])")
 
 # Spark's JSON parser is lenient by default; a message is strict JSON.
@@ -176,15 +184,18 @@ def _gzip_problem(path: str) -> str | None:
 
 
 def _salvage_gzip(file: SnapshotFile, problem: str) -> list[tuple[str, str | None, str | None]]:
-    """The complete non-blank lines before a gzip file's break, and one row for what is lost."""
+    """The complete non-blank lines before a gzip file's break, and one row for what is lost.
+
+    Lines are split exactly as ``_text_lines`` reads them (see the module docstring), so a
+    file counts the same rows whether it breaks or not.
+    """
     data = bytearray()
     _gunzip(file.path, data.extend)
-    pieces = bytes(data).splitlines(keepends=True)
-    tail = b""
-    if pieces and not pieces[-1].endswith((b"\n", b"\r")):
-        tail = pieces.pop()
+    # bytes.splitlines would also end a line at a lone CR: Spark's reader, told LF, does not.
+    pieces = bytes(data).removeprefix(_UTF8_BOM).split(b"\n")
+    tail = pieces.pop()  # after the last LF: an incomplete line, or b""
     rows: list[tuple[str, str | None, str | None]] = [
-        (file.name, piece.rstrip(b"\r\n").decode("utf-8", errors="replace"), None)
+        (file.name, piece.removesuffix(b"\r").decode("utf-8", errors="replace"), None)
         for piece in pieces
         if not _BLANK.fullmatch(piece)
     ]
@@ -200,13 +211,20 @@ def _salvage_gzip(file: SnapshotFile, problem: str) -> list[tuple[str, str | Non
 
 
 def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
-    text = spark.read.text([_spark_path(f.path) for f in files])
+    # Without lineSep, Hadoop's reader also ends a line at a lone CR, splitting one JSONL
+    # line (a CR is JSON whitespace) into two rows.
+    text = spark.read.option("lineSep", "\n").text([_spark_path(f.path) for f in files])
+    value = F.col("value")
+    # The CR of a CRLF ending is cut off as bytes, so that invalid UTF-8 stays byte for byte.
+    without_cr = F.substring(value.cast(T.BinaryType()), F.lit(1), F.octet_length(value) - 1).cast(T.StringType())
     lines = text.select(
         _source_file_name(text).alias("source_file"),
-        F.col("value").alias("raw"),
+        F.when(F.endswith(value, F.lit("\r")), without_cr).otherwise(value).alias("raw"),
         F.lit(None).cast(T.StringType()).alias("read_error"),
     )
-    return lines.where(~F.regexp_like(F.col("raw"), F.lit(r"^\s*$")))
+    # Not a regex "^\s*$": Java's "$" also matches before a final NEL, U+2028 or U+2029,
+    # which made lines holding only one of them vanish uncounted.
+    return lines.where(F.btrim(F.col("raw"), F.lit(_BLANK_CHARS)) != F.lit(""))
 
 
 def _parquet_rows(spark: SparkSession, files: list[SnapshotFile]) -> list[DataFrame]:
@@ -465,6 +483,8 @@ def validate_rows(lines: DataFrame, snapshot_id: str) -> tuple[DataFrame, DataFr
         F.count(F.when(candidate, F.lit(1))).over(at_position).alias("rows_at_position"),
     )
 
+    # The two outputs each parse the lines: measured, that is cheaper than check-pointing
+    # the judged rows (every parsed column and the raw text) between them.
     accepted_struct = RawTopicSnapshots.to_structtype()
     collapsed = (
         judged.where(candidate & ~F.col("conflicting"))
