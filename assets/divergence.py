@@ -1,4 +1,8 @@
-"""Stage 4: Leap Frog divergence reports between every pair of replicas (SPEC 4)."""
+"""Stage 4: Leap Frog divergence reports between every pair of replicas (SPEC 4), with carried state.
+
+A snapshot whose dumps continue earlier ones is compared with the state carried over
+from them (``pipelines/state.py``); the state after it is written last, in one commit.
+"""
 
 import dagster as dg
 from pyspark.sql import functions as F
@@ -7,6 +11,7 @@ from assets.partitions import snapshot_partitions
 from assets.previews import divergence_by_pair
 from assets.tables import materialize_stage, read_stage, schema_check_spec
 from pipelines.leapfrog import compare_replicas
+from pipelines.state import StateRefused, carry_over, next_state, prior_state
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
 
@@ -33,17 +38,39 @@ EXAMPLE_KEYS = 10
             deps=["reconstructed_watermarks", "partition_watermarks"],
             description="Keys per verdict for each replica pair, topic and partition.",
         ),
+        dg.AssetSpec(
+            "replica_state",
+            group_name=GROUP,
+            kinds=KINDS,
+            deps=["reconstructed_watermarks", "partition_watermarks"],
+            description="Each key's last version and a commit context per replica partition, for the next snapshot.",
+        ),
     ],
-    check_specs=[schema_check_spec("divergence_reports"), schema_check_spec("divergence_summary")],
+    check_specs=[
+        schema_check_spec("divergence_reports"),
+        schema_check_spec("divergence_summary"),
+        schema_check_spec("replica_state"),
+    ],
     partitions_def=snapshot_partitions,
 )
 def divergence_reports(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    reports, summary = compare_replicas(
-        read_stage(session, store, "reconstructed_watermarks", snapshot_id),
-        read_stage(session, store, "partition_watermarks", snapshot_id),
-    )
+    rows = read_stage(session, store, "reconstructed_watermarks", snapshot_id)
+    partitions = read_stage(session, store, "partition_watermarks", snapshot_id)
+    try:
+        # Every snapshot's state but this one's: re-materializing it starts from the state before it.
+        prior = prior_state(read_stage(session, store, "replica_state", None), partitions, snapshot_id)
+    except StateRefused as refused:
+        raise dg.Failure(description=str(refused), allow_retries=False) from refused
+    carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context)
+    carried = {
+        "carried_partitions": len(prior.links),
+        "carried_versions": prior.carried_versions,
+        "previous_snapshot_ids": dg.MetadataValue.json(prior.previous_snapshot_ids),
+        "carried_from": dg.MetadataValue.json(prior.links),
+    }
+    reports, summary = compare_replicas(carried_rows, carried_partitions)
     reports_result = materialize_stage(session, store, reports, "divergence_reports", snapshot_id)
     summary_result = materialize_stage(session, store, summary, "divergence_summary", snapshot_id)
     written_summary = read_stage(session, store, "divergence_summary", snapshot_id)
@@ -53,11 +80,14 @@ def divergence_reports(context: dg.AssetExecutionContext, spark: SparkResource, 
         metadata={
             **reports_result.metadata,
             **{f"keys_{k.lower()}": v for k, v in totals.items()},
+            **carried,
             "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(written_summary)),
         },
         check_results=reports_result.check_results,
     )
     yield summary_result
+    state = next_state(carried_rows, carried_partitions, prior.versions, prior.context)
+    yield materialize_stage(session, store, state, "replica_state", snapshot_id, extra_metadata=carried)
 
 
 def verdict_totals(summary) -> dict[str, int]:

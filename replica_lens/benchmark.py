@@ -211,6 +211,7 @@ def _step_of(asset: str) -> str:
         "heartbeat_segment_summary": "heartbeat_segments",
         "partition_watermarks": "reconstructed_watermarks",
         "divergence_summary": "divergence_reports",
+        "replica_state": "divergence_reports",
         "heartbeat_lag": "replication_lag",
         "exporter_positions": "exporter_tables",
         "exporter_regressions": "exporter_tables",

@@ -15,6 +15,7 @@ from schemas.operations import (
 )
 from schemas.raw import RawTopicQuarantine, RawTopicSnapshots
 from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
+from schemas.state import ReplicaState
 from schemas.trend import AuditTrend
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
@@ -29,6 +30,7 @@ _MODELS: dict[str, type[pa.DataFrameModel]] = {
         PartitionWatermarks,
         DivergenceReports,
         DivergenceSummary,
+        ReplicaState,
         StreamAnomalies,
         HeartbeatLag,
         ReplicationLag,

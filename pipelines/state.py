@@ -1,0 +1,467 @@
+"""Incremental audits: the state carried from one snapshot of a stream to the next.
+
+A snapshot whose dump of a (replica, topic, partition) starts mid-stream may continue a
+dump audited earlier (a mid-stream dump taken later of the same version topic). Its
+keys last written before it would then be invisible to the Leap Frog comparison. The
+*state* after auditing a snapshot keeps, per replica partition, each key's last version
+and one *commit context* (Varlog's design: only the latest context, stored atomically
+with the state it describes, and checked against it before use). Both are the rows of
+snapshot S's partition of ``replica_state``, written in one Delta commit.
+
+What is carried
+---------------
+Only the divergence stage uses the state: the per-snapshot tables (segments, watermarks,
+lag, exporters) keep describing the snapshot's own rows. For a continued replica
+partition, ``carry_over`` rewrites S's ``reconstructed_watermarks`` and
+``partition_watermarks`` as if the stream had been dumped as one:
+
+- ``L'(p) = max(L(end) of the state, L(p))`` for S's rows, and likewise ``L'(end)`` and
+  the reach ``M'`` (both are ``L`` at a later row).
+- ``P`` and START_OF_PUSH are the stream's (its first dump's); when the stream's ``P``
+  is still unknown, S's own first heartbeat vector is the stream's first one.
+- ``U'(r) = max(P, key_touch of the carried version, {source_region: source_offset} of
+  the key's rows in S up to r)``: ``key_touch`` is the per-key running max without ``P``,
+  kept in the state so that ``U`` can be recomputed when ``P`` becomes known.
+- The carried version of each key is added as a data row at its real (earlier) offset,
+  with ``U = max(P, key_touch)`` and ``M = L'`` of the key's first row in S, or
+  ``L'(end)`` when S does not write the key. Its ``applied_lower_bound`` is the stored
+  ``first_lower_bound``, ``L`` of the key's first row in the stream: the Leap Frog reads
+  ``applied_lower_bound`` only from a key's first row, as the reach of the pre-dump
+  version ⊥, and ⊥ must keep the reach it had when the stream began. (Its own ``L``, or
+  the state's ``L(end)``, would widen ⊥'s reach past writes of the key that the replica
+  had already applied, and could prove a false divergence between ⊥ and them.)
+
+The frames keep the schemas of ``reconstructed_watermarks`` and ``partition_watermarks``
+(partition_watermarks' offsets and counts stay S's own), so ``compare_replicas`` runs on
+them unchanged. A carried version counts as one version in ``versions_a/b``.
+
+Limitation: only each key's last version is carried, so a proof that needs an older
+version from an earlier snapshot is not found. Every version carried or read is a real
+version with its real ``U`` and ``M``, so this can only miss a proof, never make one.
+
+Which state a snapshot continues (the predecessor rule)
+-------------------------------------------------------
+For each (replica, topic, partition) of S whose dump does not start with START_OF_PUSH,
+the predecessor is the CONTEXT row, among the ``replica_state`` partitions of the other
+snapshots, with the greatest ``last_offset`` below S's first offset of that replica
+partition. A dump starting with START_OF_PUSH starts a fresh stream; no predecessor
+means a fresh mid-stream start, audited as a lone snapshot. S's own partition of the
+state is never read: re-materializing S uses the state before S, so it is idempotent.
+The offsets between the predecessor's ``last_offset`` and S's first offset are taken to
+hold no version-topic row (version-topic offsets may skip); the dumps are trusted to be
+of one log when their (replica, topic, partition) match.
+
+The audit refuses (``StateRefused``, which fails the run) rather than guess when:
+
+- another snapshot's context overlaps S's offsets of the replica partition (its
+  ``first_offset..last_offset`` intersects S's): it is not clear what S continues;
+- two snapshots' contexts end at the same greatest offset below S;
+- the chosen context does not match its stored VERSION rows: ``state_rows`` is their
+  count and ``state_checksum`` the sum, modulo 2^64 as a signed long, of ``xxhash64``
+  over every VERSION column (vectors as their entries sorted by region), which no order
+  of the rows changes; or the snapshot holds two contexts for the replica partition.
+
+A context row is the index of its state: deleting it (with or without its VERSION rows)
+leaves nothing to continue, and the next snapshot starts fresh, which is safe.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipelines.vectors import conform, region_universe, running_max_single, sparse, vector_max
+from schemas.state import ReplicaState
+from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
+
+VERSION = "VERSION"
+CONTEXT = "CONTEXT"
+REPLICA_PARTITION = ("replica", "topic", "partition")
+VECTOR_COLUMNS = ("key_touch", "first_lower_bound")
+VERSION_COLUMNS = (
+    "key", "offset", "kind", "value", "value_hash", "source_region", "source_offset", "write_ts",
+    "key_touch", "first_lower_bound", "origin_snapshot_id",
+)
+MAX_LISTED = 20
+PROBLEMS = ("DUPLICATE_CONTEXT", "STATE_ROWS", "STATE_CHECKSUM")
+
+_DECIMAL = T.DecimalType(20, 0)  # holds any long and 2^64
+
+
+class StateRefused(RuntimeError):
+    """The prior state cannot be trusted or its predecessor is ambiguous: the snapshot is not audited."""
+
+
+@dataclass(frozen=True)
+class PriorState:
+    """The state a snapshot continues: the chosen CONTEXT rows, their VERSION rows, and a small description."""
+
+    versions: DataFrame
+    context: DataFrame
+    links: list[dict[str, Any]]  # per continued replica partition: ids and offsets (a handful of rows)
+
+    @property
+    def previous_snapshot_ids(self) -> list[str]:
+        return sorted({link["previous_snapshot_id"] for link in self.links})
+
+    @property
+    def carried_versions(self) -> int:
+        return sum(int(link["state_rows"]) for link in self.links)
+
+
+# ------------------------------------------------------------------ checksum
+def version_hash() -> Column:
+    """``xxhash64`` over every VERSION column; vectors as their entries sorted by region, so map order is moot."""
+    return F.xxhash64(
+        *[F.array_sort(F.map_entries(F.col(c))) if c in VECTOR_COLUMNS else F.col(c) for c in VERSION_COLUMNS]
+    )
+
+
+def checksum(hashes: Column) -> Column:
+    """Aggregate: the sum of ``hashes`` modulo 2^64 as a signed long (decimal, since ANSI sums must not overflow)."""
+    modulus = F.lit(str(2**64)).cast(_DECIMAL)
+    total = F.pmod(F.coalesce(F.sum(hashes.cast(_DECIMAL)), F.lit(0).cast(_DECIMAL)), modulus)
+    return F.when(total >= F.lit(str(2**63)).cast(_DECIMAL), total - modulus).otherwise(total).cast(T.LongType())
+
+
+# -------------------------------------------------------------- predecessors
+_CONFLICT = T.StructType(
+    [T.StructField("snapshot_id", T.StringType()), T.StructField("first_offset", T.LongType()),
+     T.StructField("last_offset", T.LongType())]
+)
+
+
+def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
+    """Per mid-stream replica partition of one snapshot: its predecessor (when unambiguous) and any conflicts.
+
+    ``contexts`` are the CONTEXT rows of the other snapshots. Columns: the replica
+    partition, its ``first_offset`` and ``last_offset``, ``previous_snapshot_id`` (null
+    when there is none or it is ambiguous), ``previous_last_offset``, ``candidates`` (the
+    snapshots whose context ends at that offset) and ``overlapping`` (contexts whose
+    ``first_offset..last_offset`` intersects the snapshot's).
+    """
+    rp = list(REPLICA_PARTITION)
+    mid = partition_wm.where(~F.col("starts_with_sop")).select(*rp, "first_offset", "last_offset")
+    others = contexts.where(F.col("row_kind") == CONTEXT).select(
+        *rp,
+        F.col("snapshot_id").alias("c_snapshot"),
+        F.col("first_offset").alias("c_first"),
+        F.col("last_offset").alias("c_last"),
+    )
+    candidates = mid.join(others, on=rp, how="inner")
+    before = F.col("c_last") < F.col("first_offset")
+    best = candidates.groupBy(*rp).agg(F.max(F.when(before, F.col("c_last"))).alias("previous_last_offset"))
+    at_best = before & (F.col("c_last") == F.col("previous_last_offset"))
+    overlaps = (F.col("c_first") <= F.col("last_offset")) & (F.col("c_last") >= F.col("first_offset"))
+    conflict = F.struct(
+        F.col("c_snapshot").alias("snapshot_id"), F.col("c_first").alias("first_offset"),
+        F.col("c_last").alias("last_offset"),
+    )
+    links = candidates.join(best, on=rp, how="inner").groupBy(*rp).agg(
+        F.max("previous_last_offset").alias("previous_last_offset"),
+        # A set: two context rows of one snapshot are the commit-context check's to report.
+        F.array_sort(F.collect_set(F.when(at_best, F.col("c_snapshot")))).alias("candidates"),
+        F.array_sort(F.collect_list(F.when(overlaps, conflict))).alias("overlapping"),
+    )
+    return mid.join(links, on=rp, how="left").select(
+        *rp,
+        "first_offset",
+        "last_offset",
+        F.when(F.size("candidates") == 1, F.col("candidates")[0]).alias("previous_snapshot_id"),
+        "previous_last_offset",
+        F.coalesce(F.col("candidates"), F.array().cast(T.ArrayType(T.StringType()))).alias("candidates"),
+        F.coalesce(F.col("overlapping"), F.array().cast(T.ArrayType(_CONFLICT))).alias("overlapping"),
+    )
+
+
+def context_problems(prior_versions: DataFrame, prior_context: DataFrame) -> DataFrame:
+    """Every way the CONTEXT rows of ``prior_context`` disagree with their VERSION rows in ``prior_versions``.
+
+    One row per problem: the context's snapshot and replica partition, ``problem``
+    (DUPLICATE_CONTEXT, STATE_ROWS or STATE_CHECKSUM), ``expected`` (what the context
+    says) and ``found`` (what the VERSION rows give). Empty when the state can be used.
+    """
+    keys = ["snapshot_id", *REPLICA_PARTITION]
+    found = prior_versions.where(F.col("row_kind") == VERSION).groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("found_rows"), checksum(version_hash()).alias("found_checksum")
+    )
+    expected = prior_context.where(F.col("row_kind") == CONTEXT).groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("contexts"),
+        F.max("state_rows").alias("state_rows"),
+        F.max("state_checksum").alias("state_checksum"),
+    )
+    zero = F.lit(0).cast(T.LongType())
+    found_rows = F.coalesce(F.col("found_rows"), zero)
+    found_checksum = F.coalesce(F.col("found_checksum"), zero)
+
+    def check(problem: str, expected_value: Column, found_value: Column) -> Column:
+        return F.struct(
+            F.lit(problem).alias("problem"),
+            expected_value.cast(T.LongType()).alias("expected"),
+            found_value.cast(T.LongType()).alias("found"),
+            (~expected_value.cast(T.LongType()).eqNullSafe(found_value.cast(T.LongType()))).alias("failed"),
+        )
+
+    expected_and_found = {
+        "DUPLICATE_CONTEXT": (F.lit(1), F.col("contexts")),
+        "STATE_ROWS": (F.col("state_rows"), found_rows),
+        "STATE_CHECKSUM": (F.col("state_checksum"), found_checksum),
+    }
+    checks = F.array(*[check(problem, *expected_and_found[problem]) for problem in PROBLEMS])
+    return (
+        expected.join(found, on=keys, how="left")
+        .select(*keys, F.inline(checks))
+        .where(F.col("failed"))
+        .select(*keys, "problem", "expected", "found")
+    )
+
+
+def _name(row: Any) -> str:
+    return f"{row['replica']}/{row['topic']}/{row['partition']}"
+
+
+def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str) -> PriorState:
+    """The state ``snapshot_id`` continues, chosen by the predecessor rule and checked; raises ``StateRefused``.
+
+    ``state`` is ``replica_state`` (any snapshots; ``snapshot_id``'s own rows are
+    ignored), ``partition_wm`` the snapshot's ``partition_watermarks``. Only a handful
+    of rows reach the driver: one per mid-stream replica partition, and the problems.
+    """
+    rp = list(REPLICA_PARTITION)
+    others = state.where(F.col("snapshot_id") != snapshot_id)
+    contexts = others.where(F.col("row_kind") == CONTEXT)
+    links = predecessors(partition_wm, contexts).localCheckpoint(eager=True)
+    chosen = links.where(F.col("previous_snapshot_id").isNotNull()).select(
+        F.col("previous_snapshot_id").alias("snapshot_id"), *rp
+    )
+    context = contexts.join(chosen, on=["snapshot_id", *rp], how="inner")
+    versions = others.where(F.col("row_kind") == VERSION).join(chosen, on=["snapshot_id", *rp], how="inner")
+
+    link_rows = links.orderBy(*rp).collect()
+    refusals = []
+    for link in link_rows:
+        for other in link["overlapping"]:
+            refusals.append(
+                f"{_name(link)}: {snapshot_id} starts mid-stream at offset {link['first_offset']} (up to "
+                f"{link['last_offset']}), but the state of snapshot {other['snapshot_id']} covers offsets "
+                f"{other['first_offset']}..{other['last_offset']} of the same replica partition, so which state "
+                f"{snapshot_id} continues is ambiguous"
+            )
+        if len(link["candidates"]) > 1:
+            refusals.append(
+                f"{_name(link)}: the states of snapshots {', '.join(link['candidates'])} all end at offset "
+                f"{link['previous_last_offset']}, below {snapshot_id}'s first offset {link['first_offset']}, "
+                f"so which one {snapshot_id} continues is ambiguous"
+            )
+    continued = [link for link in link_rows if link["previous_snapshot_id"] is not None]
+    problems = sorted(
+        context_problems(versions, context).collect() if continued else [],
+        key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
+    )
+    by_context: dict[tuple, list[str]] = {}
+    for problem in problems:
+        by_context.setdefault((_name(problem), problem["snapshot_id"]), []).append(
+            f"{problem['problem']}: the context says {problem['expected']}, its VERSION rows give {problem['found']}"
+        )
+    for (name, previous), found in by_context.items():
+        refusals.append(
+            f"{name}: the state of snapshot {previous} does not match its commit context ({'; '.join(found)}); "
+            "it was changed outside an audit"
+        )
+    if refusals:
+        listed = refusals[:MAX_LISTED]
+        if len(refusals) > MAX_LISTED:
+            listed.append(f"... and {len(refusals) - MAX_LISTED} more")
+        raise StateRefused(
+            f"refusing to audit snapshot {snapshot_id} with carried state:\n  - "
+            + "\n  - ".join(listed)
+            + f"\nNo divergence report of {snapshot_id} was written. Re-materialize (or remove from replica_state) "
+            "the snapshot named, so that the predecessor is unambiguous and its state matches its context."
+        )
+    # The contexts matched their VERSION rows: their state_rows is what will be carried.
+    carried = {(r["replica"], r["topic"], r["partition"]): r["state_rows"]
+               for r in context.select(*rp, "state_rows").collect()} if continued else {}
+    described = [
+        {**{c: link[c] for c in (*rp, "previous_snapshot_id", "previous_last_offset", "first_offset")},
+         "state_rows": carried[(link["replica"], link["topic"], link["partition"])]}
+        for link in continued
+    ]
+    return PriorState(versions=versions, context=context, links=described)
+
+
+# ---------------------------------------------------------------- carry over
+def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame) -> DataFrame:
+    """The snapshot's continued replica partitions with their stream-wide P, START_OF_PUSH and L(end)."""
+    ctx = prior_context.where(F.col("row_kind") == CONTEXT).select(
+        *REPLICA_PARTITION,
+        F.col("snapshot_id").alias("previous_snapshot_id"),
+        F.col("pre_history_bound").alias("prior_pre_history"),
+        F.col("starts_with_sop").alias("prior_sop"),
+        F.col("end_lower_bound").alias("prior_end"),
+    )
+    # A stream whose P is still unknown takes the first heartbeat vector it meets: S's own P.
+    pre_history = F.coalesce(F.col("prior_pre_history"), F.col("pre_history_bound"))
+    return partition_wm.join(ctx, on=list(REPLICA_PARTITION), how="inner").select(
+        "*",
+        pre_history.alias("stream_pre_history"),
+        vector_max(F.col("prior_end"), F.col("end_lower_bound")).alias("stream_end"),
+    )
+
+
+def carry_over(
+    row_wm: DataFrame, partition_wm: DataFrame, prior_versions: DataFrame, prior_context: DataFrame
+) -> tuple[DataFrame, DataFrame]:
+    """One snapshot's (``reconstructed_watermarks``, ``partition_watermarks``) continued from ``prior_context``.
+
+    ``prior_context`` holds at most one CONTEXT row per replica partition (the chosen
+    predecessors, e.g. ``PriorState.context``), ``prior_versions`` their VERSION rows
+    (rows of other contexts are ignored). Replica partitions without a context pass
+    through unchanged. The output has exactly the input schemas (see the module docstring).
+    """
+    rp = list(REPLICA_PARTITION)
+    facts = _stream_facts(partition_wm, prior_context)
+    stream = facts.select(
+        "snapshot_id", *rp, "previous_snapshot_id", "prior_end", "stream_pre_history", "stream_end"
+    )
+    stream_wide = {
+        "starts_with_sop": F.col("prior_sop"),
+        "pre_history_bound": F.col("stream_pre_history"),
+        "pre_history_known": F.col("stream_pre_history").isNotNull(),
+        "end_lower_bound": F.col("stream_end"),
+    }
+    parts = facts.select(
+        *[stream_wide.get(f.name, F.col(f.name)).alias(f.name) for f in PartitionWatermarks.to_structtype().fields]
+    )
+    carried = (
+        prior_versions.where(F.col("row_kind") == VERSION)
+        .select(F.col("snapshot_id").alias("previous_snapshot_id"), *rp,
+                *[c for c in VERSION_COLUMNS if c != "origin_snapshot_id"])
+        .join(stream, on=["previous_snapshot_id", *rp], how="inner")
+    )
+
+    regions = region_universe(row_wm, region_columns=["source_region"])
+    by_key = Window.partitionBy("snapshot_id", *rp, "key").orderBy("offset")
+    upto = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    touched = running_max_single(F.col("source_region"), F.col("source_offset"), regions, upto)
+    known = F.col("stream_pre_history").isNotNull()
+    own = (
+        row_wm.join(stream, on=["snapshot_id", *rp], how="inner")
+        .join(carried.select(*rp, "key", F.col("key_touch").alias("prior_touch")), on=[*rp, "key"], how="left")
+        .select(
+            "*",
+            # L and M of S's rows only grow by what the stream had applied before S.
+            vector_max(F.col("prior_end"), F.col("applied_lower_bound")).alias("stream_lower_bound"),
+            F.when(known, vector_max(F.col("stream_pre_history"), vector_max(F.col("prior_touch"), touched))).alias(
+                "stream_touch"
+            ),
+            vector_max(F.col("prior_end"), F.col("reach")).alias("stream_reach"),
+            (F.row_number().over(upto) == 1).alias("first_of_key"),
+        )
+    )
+    renamed = {"applied_lower_bound": "stream_lower_bound", "touch_bound": "stream_touch", "reach": "stream_reach"}
+    row_struct = ReconstructedWatermarks.to_structtype()
+    own_rows = own.select(*[F.col(renamed.get(f.name, f.name)).alias(f.name) for f in row_struct.fields])
+    firsts = own.where(F.col("first_of_key")).select(*rp, "key", F.col("stream_lower_bound").alias("first_in_snapshot"))
+    carried_rows = carried.join(firsts, on=[*rp, "key"], how="left").select(
+        "*",
+        F.col("first_lower_bound").alias("applied_lower_bound"),
+        F.when(known, vector_max(F.col("stream_pre_history"), F.col("key_touch"))).alias("touch_bound"),
+        F.coalesce(F.col("first_in_snapshot"), F.col("stream_end")).alias("reach"),
+    )
+    untouched_rows = row_wm.join(stream.select("snapshot_id", *rp), on=["snapshot_id", *rp], how="left_anti")
+    untouched_parts = partition_wm.join(stream.select("snapshot_id", *rp), on=["snapshot_id", *rp], how="left_anti")
+    part_struct = PartitionWatermarks.to_structtype()
+    return (
+        conform(untouched_rows, row_struct)
+        .unionByName(conform(own_rows, row_struct))
+        .unionByName(conform(carried_rows, row_struct)),
+        conform(untouched_parts, part_struct).unionByName(conform(parts, part_struct)),
+    )
+
+
+# ---------------------------------------------------------------- next state
+def _as_state(df: DataFrame) -> DataFrame:
+    """``df`` in ``replica_state``'s columns; the other row kind's columns are null."""
+    present = set(df.columns)
+    return df.select(
+        *[
+            (F.col(f.name) if f.name in present else F.lit(None)).cast(f.dataType).alias(f.name)
+            for f in ReplicaState.to_structtype().fields
+        ]
+    )
+
+
+def next_state(
+    row_wm: DataFrame, partition_wm: DataFrame, prior_versions: DataFrame, prior_context: DataFrame
+) -> DataFrame:
+    """The ``replica_state`` rows after one snapshot: each key's last version, one context per replica partition.
+
+    ``row_wm`` and ``partition_wm`` are ``carry_over``'s output (a carried version is
+    the first row of its key there); ``prior_versions``/``prior_context`` its inputs,
+    read again for the carried versions' ``key_touch`` and origin and the stream's
+    first offset and predecessor.
+    """
+    rp = list(REPLICA_PARTITION)
+    ctx = prior_context.where(F.col("row_kind") == CONTEXT).select(
+        *rp,
+        F.col("snapshot_id").alias("previous_snapshot_id"),
+        F.col("stream_first_offset").alias("prior_stream_first_offset"),
+    )
+    prior = (
+        prior_versions.where(F.col("row_kind") == VERSION)
+        .select(F.col("snapshot_id").alias("previous_snapshot_id"), *rp, "key",
+                F.col("offset").alias("prior_offset"), F.col("key_touch").alias("prior_touch"),
+                F.col("origin_snapshot_id").alias("prior_origin"))
+        .join(ctx.select("previous_snapshot_id", *rp), on=["previous_snapshot_id", *rp], how="inner")
+        .drop("previous_snapshot_id")
+    )
+    regions = region_universe(row_wm, region_columns=["source_region"])
+    last = F.struct(*[F.col(c) for c in ("offset", "kind", "value", "value_hash", "source_region", "source_offset",
+                                         "write_ts")])
+    per_key = row_wm.groupBy("snapshot_id", *rp, "key").agg(
+        F.max_by(last, "offset").alias("last"),
+        # A carried version is its key's first row: its applied_lower_bound is the stored first_lower_bound.
+        F.min_by("applied_lower_bound", "offset").alias("first_lower_bound"),
+        sparse([F.max(F.when(F.col("source_region") == F.lit(r), F.col("source_offset"))) for r in regions],
+               regions).alias("touched"),
+    )
+    versions = _as_state(
+        per_key.join(prior, on=[*rp, "key"], how="left").select(
+            "snapshot_id",
+            F.lit(VERSION).alias("row_kind"),
+            *rp,
+            "key",
+            "last.*",
+            vector_max(F.col("prior_touch"), F.col("touched")).alias("key_touch"),
+            "first_lower_bound",
+            F.when(F.col("last.offset") == F.col("prior_offset"), F.col("prior_origin"))
+            .otherwise(F.col("snapshot_id"))
+            .alias("origin_snapshot_id"),
+        )
+    ).localCheckpoint(eager=True)
+    stats = versions.groupBy("snapshot_id", *rp).agg(
+        F.count(F.lit(1)).alias("state_rows"), checksum(version_hash()).alias("state_checksum")
+    )
+    zero = F.lit(0).cast(T.LongType())
+    contexts = (
+        partition_wm.join(ctx, on=rp, how="left")
+        .join(stats, on=["snapshot_id", *rp], how="left")
+        .select(
+            "snapshot_id",
+            F.lit(CONTEXT).alias("row_kind"),
+            *rp,
+            "previous_snapshot_id",
+            "first_offset",
+            F.coalesce(F.col("prior_stream_first_offset"), F.col("first_offset")).alias("stream_first_offset"),
+            "last_offset",
+            "starts_with_sop",
+            "pre_history_bound",
+            "end_lower_bound",
+            F.coalesce(F.col("state_rows"), zero).alias("state_rows"),
+            F.coalesce(F.col("state_checksum"), zero).alias("state_checksum"),
+        )
+    )
+    return versions.unionByName(_as_state(contexts))

@@ -1,0 +1,502 @@
+"""Incremental audits: state carried from one snapshot of a stream to the next (pipelines/state.py).
+
+Continuing snapshots are made by cutting streams by offset: S1 holds each replica
+partition's rows below its cut (with START_OF_PUSH), S2 the rest, as a later mid-stream
+dump would. Every scenario is its own topic, and all of them go through the divergence
+stage once (module fixture ``audits``): S1, then S2 with S1's state, S2 alone (no state)
+and S3, the whole streams as one snapshot. The Dagster tests audit S2 through
+``run_audit`` on a warehouse holding S1's state, re-materialize it, and tamper with the state.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from assets.partitions import SNAPSHOTS
+from pipelines.leapfrog import compare_replicas
+from pipelines.segments import annotate_segments
+from pipelines.state import (
+    CONTEXT,
+    VERSION,
+    PriorState,
+    StateRefused,
+    carry_over,
+    context_problems,
+    next_state,
+    predecessors,
+    prior_state,
+)
+from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
+from replica_lens.audit import run_audit
+from replica_lens.jobs import AUDIT_JOB
+from replica_lens.simulator import SimulationConfig, simulate
+from resources.delta_store import DeltaStore
+from schemas.registry import struct_for
+from schemas.state import ReplicaState
+from schemas.validation import validation_errors
+from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
+from tests.reference_leapfrog import compare_key, dumps_of, heartbeat, put, reference_verdicts, sop, stream
+from tests.rows import raw_frame
+
+A, B = "dc-a", "dc-b"
+TOPIC = "orders"
+PROVEN = ("DIVERGENT", "MISSING")
+SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
+DIVERGENCE_STAGE = ("divergence_reports", "divergence_summary", "replica_state")
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def position(row: dict) -> tuple:
+    return row["replica"], row["topic"], row["partition"]
+
+
+def split(rows: list[dict], cut: dict[tuple, int]) -> tuple[list[dict], list[dict]]:
+    """S1: each replica partition's rows below its cut; S2: the rest. Exporter reports go to S2."""
+    first = [r for r in rows if r.get("offset") is not None and r["offset"] < cut[position(r)]]
+    second = [r for r in rows if r.get("offset") is None or r["offset"] >= cut[position(r)]]
+    return first, second
+
+
+def exporter(replica: str, exported: int, at: int) -> dict:
+    return {"replica": replica, "topic": TOPIC, "partition": 0, "kind": "EXPORTER_POSITION",
+            "exporter": "cdc", "exported_offset": exported, "reported_at_ms": at}
+
+
+# "orders": dc-b loses k2 (a:1) and corrupts k4 (a:2); both are last written before the cut,
+# after which come k3 and a heartbeat. k1 is written before the cut only.
+ORDERS = stream(A, TOPIC, [
+    sop(), put("k1", "x", A, 0), put("k2", "y", A, 1), put("k4", "v", A, 2), heartbeat(A, 3, {A: 3}),
+    put("k3", "z", A, 4), heartbeat(A, 5, {A: 5}),
+]) + stream(B, TOPIC, [
+    sop(), put("k1", "x", A, 0), put("k4", "CORRUPT", A, 2), heartbeat(A, 3, {A: 3}),
+    put("k3", "z", A, 4), heartbeat(A, 5, {A: 5}),
+]) + [exporter(A, 3, 1_000), exporter(B, 4, 2_000)]
+ORDERS_CUT = {(A, TOPIC, 0): 5, (B, TOPIC, 0): 4}
+
+# "late_p": a mid-stream dump without any heartbeat vector before the cut (P unknown in S1).
+LATE_P = stream(A, "late_p", [put("k", "x", A, 7), put("j", "y", B, 3), heartbeat(A, 9, {A: 9, B: 4}),
+                              put("k", "w", A, 10)], first_offset=100)
+LATE_P_CUT = {(A, "late_p", 0): 102}
+
+
+def simulated(tmp: Path, topic: str, seed: int, keys: int, **faults) -> tuple[list[dict], dict[tuple, int]]:
+    """A small simulated snapshot renamed to ``topic``, with cuts at 3/5 of every replica partition."""
+    config = SimulationConfig(seed=seed, regions=3, partitions=1, keys=keys, writes=240, heartbeat_every=10,
+                              exporters=1, **faults)
+    simulate(str(tmp), topic, config)
+    rows = [{**json.loads(line), "topic": topic} for path in sorted((tmp / topic).glob("*.jsonl"))
+            for line in path.read_text().splitlines() if line.strip()]
+    last: dict[tuple, int] = {}
+    for r in rows:
+        if r.get("offset") is not None:
+            last[position(r)] = max(last.get(position(r), 0), r["offset"])
+    return rows, {p: (3 * n) // 5 for p, n in last.items()}
+
+
+def stage(spark, rows: list[dict], snapshot_id: str) -> tuple[DataFrame, DataFrame]:
+    """(reconstructed_watermarks, partition_watermarks) of a snapshot, as the watermark assets compute them."""
+    annotated = annotate_segments(raw_frame(spark, rows, snapshot_id))
+    return (reconstruct_watermarks(annotated).localCheckpoint(eager=True),
+            partition_watermarks(annotated).localCheckpoint(eager=True))
+
+
+def no_state(spark) -> DataFrame:
+    return spark.createDataFrame([], ReplicaState.to_structtype())
+
+
+@dataclass
+class Compared:
+    """The verdicts of one comparison, collected."""
+
+    reports: list[dict]
+    summary: list[dict]
+
+    def verdicts(self, topic: str) -> dict[tuple, str]:
+        return {(r["replica_a"], r["replica_b"], r["key"]): r["verdict"] for r in self.reports if r["topic"] == topic}
+
+    def compared(self, topic: str) -> int:
+        return sum(r["keys_compared"] for r in self.summary if r["topic"] == topic)
+
+
+@dataclass
+class Audit(Compared):
+    """The divergence stage of one snapshot, run without Dagster as the asset runs it."""
+
+    row_wm: DataFrame
+    part_wm: DataFrame
+    prior: PriorState
+    rows: DataFrame  # carried reconstructed_watermarks
+    parts: DataFrame  # carried partition_watermarks
+    state: DataFrame  # replica_state after the snapshot
+
+
+def audit(spark, rows: list[dict], snapshot_id: str, state: DataFrame | None = None) -> Audit:
+    row_wm, part_wm = stage(spark, rows, snapshot_id)
+    prior = prior_state(state if state is not None else no_state(spark), part_wm, snapshot_id)
+    carried_rows, carried_parts = carry_over(row_wm, part_wm, prior.versions, prior.context)
+    carried_rows = carried_rows.localCheckpoint(eager=True)
+    reports, summary = compare_replicas(carried_rows, carried_parts)
+    after = next_state(carried_rows, carried_parts, prior.versions, prior.context).localCheckpoint(eager=True)
+    return Audit(reports=[r.asDict() for r in reports.collect()], summary=[r.asDict() for r in summary.collect()],
+                 row_wm=row_wm, part_wm=part_wm, prior=prior, rows=carried_rows, parts=carried_parts, state=after)
+
+
+@dataclass
+class Audits:
+    rows: list[dict]  # every scenario's whole streams
+    s1_rows: list[dict]
+    s2_rows: list[dict]
+    s1: Audit
+    s2: Audit  # with S1's state
+    alone: Compared  # S2 without any state
+    s3: Audit  # the whole streams (except late_p) as one snapshot, with S1's state present
+
+
+@pytest.fixture(scope="module")
+def audits(spark, tmp_path_factory) -> Audits:
+    tmp = tmp_path_factory.mktemp("simulations")
+    clean, clean_cut = simulated(tmp, "clean", seed=11, keys=60, lagging_replica="dc-c", lag_messages=15)
+    faulty, faulty_cut = simulated(tmp, "faulty", seed=1, keys=30, lost_writes=3, corrupted_values=3,
+                                   duplicate_deliveries=2, conflicting_writes=2)
+    rows = ORDERS + LATE_P + clean + faulty
+    s1_rows, s2_rows = split(rows, {**ORDERS_CUT, **LATE_P_CUT, **clean_cut, **faulty_cut})
+    s1 = audit(spark, s1_rows, "s1")
+    s2 = audit(spark, s2_rows, "s2", s1.state)
+    alone_reports, alone_summary = compare_replicas(s2.row_wm, s2.part_wm)
+    alone = Compared([r.asDict() for r in alone_reports.collect()], [r.asDict() for r in alone_summary.collect()])
+    s3 = audit(spark, [r for r in rows if r["topic"] != "late_p"], "s3", s1.state)
+    return Audits(rows, s1_rows, s2_rows, s1, s2, alone, s3)
+
+
+def topic_rows(df: DataFrame, topic: str) -> list[dict]:
+    return [r.asDict() for r in df.where(F.col("topic") == topic).collect()]
+
+
+def columns(df: DataFrame) -> list[tuple]:
+    return [(f.name, f.dataType) for f in df.schema.fields]
+
+
+def columns_of(model) -> list[tuple]:
+    return [(f.name, f.dataType) for f in model.to_structtype().fields]
+
+
+def canonical(df: DataFrame) -> list[tuple]:
+    return sorted(tuple(sorted((k, str(v)) for k, v in r.asDict().items())) for r in df.collect())
+
+
+# --------------------------------------------------------------------------- pure functions
+
+
+def test_carry_over_extends_l_u_m_and_adds_each_carried_version_at_its_real_offset(audits):
+    s2 = audits.s2
+    assert columns(s2.rows) == columns_of(ReconstructedWatermarks)
+    assert columns(s2.parts) == columns_of(PartitionWatermarks)
+    got = {(r["replica"], r["key"], r["offset"]): r for r in topic_rows(s2.rows, TOPIC)}
+    assert set(got) == {(A, "k1", 1), (A, "k2", 2), (A, "k4", 3), (A, "k3", 5),
+                        (B, "k1", 1), (B, "k4", 2), (B, "k3", 4)}
+    # dc-a's S2 dump alone gives k3 L = {} and M = L(end) = {a: 5}; S1 had applied {a: 3}.
+    k3 = got[(A, "k3", 5)]
+    assert (k3["applied_lower_bound"], k3["touch_bound"], k3["reach"]) == ({A: 3}, {A: 4}, {A: 5})
+    # Carried versions: S2's snapshot id, U from the stream (P = {} after START_OF_PUSH), M = L'(end)
+    # since S2 does not write them, and L of the key's first row in the stream (the reach of ⊥).
+    k2 = got[(A, "k2", 2)]
+    assert (k2["snapshot_id"], k2["value"], k2["touch_bound"], k2["reach"]) == ("s2", "y", {A: 1}, {A: 5})
+    assert k2["applied_lower_bound"] == {A: 0}
+    assert (got[(B, "k4", 2)]["value"], got[(B, "k4", 2)]["reach"]) == ("CORRUPT", {A: 5})
+    part = {r["replica"]: r for r in topic_rows(s2.parts, TOPIC)}
+    # The stream started at START_OF_PUSH in S1; S2's own offsets and counts stay S2's.
+    assert part[A]["starts_with_sop"] and part[A]["pre_history_bound"] == {} and part[A]["end_lower_bound"] == {A: 5}
+    assert (part[A]["first_offset"], part[A]["puts"]) == (5, 1)
+    # The watermark table itself keeps S2's own view.
+    assert [r["applied_lower_bound"] for r in topic_rows(audits.s2.row_wm, TOPIC)] == [{}, {}]
+
+
+def test_carry_over_passes_replica_partitions_without_prior_context_through_unchanged(audits):
+    # Nothing precedes S1: every replica partition passes through.
+    order = ("topic", "replica", "offset")
+    assert [r.asDict() for r in audits.s1.rows.orderBy(*order).collect()] == \
+        [r.asDict() for r in audits.s1.row_wm.orderBy(*order).collect()]
+    assert [r.asDict() for r in audits.s1.parts.orderBy("topic", "replica").collect()] == \
+        [r.asDict() for r in audits.s1.part_wm.orderBy("topic", "replica").collect()]
+
+
+def test_a_stream_whose_p_was_unknown_takes_the_first_heartbeat_vector_of_the_next_dump(audits):
+    # No U in S1. S2's first heartbeat gives the stream its P, and every version (the carried
+    # one too) gets a U: all or none per dump, as the Leap Frog's indexing needs.
+    assert {r["touch_bound"] is None for r in topic_rows(audits.s1.rows, "late_p")} == {True}
+    touch = {(r["key"], r["offset"]): r["touch_bound"] for r in topic_rows(audits.s2.rows, "late_p")}
+    assert touch == {("k", 100): {A: 9, B: 4}, ("j", 101): {A: 9, B: 4}, ("k", 103): {A: 10, B: 4}}
+    assert topic_rows(audits.s2.parts, "late_p")[0]["pre_history_bound"] == {A: 9, B: 4}
+    versions = {r["key"]: r for r in topic_rows(audits.s2.state.where(F.col("row_kind") == VERSION), "late_p")}
+    # key_touch stays without P, so that U can be recomputed whatever P the stream gets.
+    assert versions["k"]["key_touch"] == {A: 10} and versions["j"]["key_touch"] == {B: 3}
+
+
+def test_next_state_keeps_the_last_version_per_key_and_one_context_per_replica_partition(audits):
+    state = audits.s2.state
+    assert columns(state) == columns_of(ReplicaState)
+    assert not validation_errors(ReplicaState, state)
+    versions = {(r["replica"], r["key"]): r for r in topic_rows(state.where(F.col("row_kind") == VERSION), TOPIC)}
+    assert set(versions) == {(A, "k1"), (A, "k2"), (A, "k3"), (A, "k4"), (B, "k1"), (B, "k3"), (B, "k4")}
+    assert (versions[(A, "k2")]["offset"], versions[(A, "k2")]["origin_snapshot_id"]) == (2, "s1")
+    k3 = versions[(A, "k3")]
+    assert (k3["offset"], k3["origin_snapshot_id"]) == (5, "s2")
+    assert (k3["first_lower_bound"], k3["key_touch"]) == ({A: 3}, {A: 4})
+    contexts = {r["replica"]: r for r in topic_rows(state.where(F.col("row_kind") == CONTEXT), TOPIC)}
+    a = contexts[A]
+    assert (a["previous_snapshot_id"], a["first_offset"], a["stream_first_offset"], a["last_offset"]) == ("s1", 5, 0, 6)
+    assert a["starts_with_sop"] and a["end_lower_bound"] == {A: 5}
+    assert (a["state_rows"], contexts[B]["state_rows"]) == (4, 3)
+    s1_context = topic_rows(audits.s1.state.where((F.col("row_kind") == CONTEXT) & (F.col("replica") == A)), TOPIC)
+    assert (s1_context[0]["previous_snapshot_id"], s1_context[0]["last_offset"]) == (None, 4)
+
+
+def test_context_problems_finds_missing_changed_and_duplicated_state(audits):
+    state = audits.s1.state.where(F.col("topic") == TOPIC)
+    versions = state.where(F.col("row_kind") == VERSION)
+    contexts = state.where(F.col("row_kind") == CONTEXT)
+
+    def problems(v: DataFrame, c: DataFrame) -> set[tuple]:
+        return {(r["replica"], r["problem"]) for r in context_problems(v, c).collect()}
+
+    assert problems(versions, contexts) == set()
+    # Row order does not change the checksum.
+    assert problems(versions.orderBy(F.col("key").desc()).repartition(3), contexts) == set()
+    without_k2 = versions.where(~((F.col("replica") == A) & (F.col("key") == "k2")))
+    assert problems(without_k2, contexts) == {(A, "STATE_ROWS"), (A, "STATE_CHECKSUM")}
+    changed = versions.withColumn("value", F.when(F.col("key") == "k4", F.lit("w")).otherwise(F.col("value")))
+    assert problems(changed, contexts) == {(A, "STATE_CHECKSUM"), (B, "STATE_CHECKSUM")}
+    assert problems(versions, contexts.unionByName(contexts.where(F.col("replica") == B))) == {(B, "DUPLICATE_CONTEXT")}
+
+
+def context_row(spark, snapshot_id: str, first: int, last: int, replica: str = A) -> DataFrame:
+    row = {"snapshot_id": snapshot_id, "row_kind": CONTEXT, "replica": replica, "topic": TOPIC, "partition": 0,
+           "first_offset": first, "stream_first_offset": 0, "last_offset": last, "starts_with_sop": True,
+           "pre_history_bound": {}, "end_lower_bound": {A: last}, "state_rows": 0, "state_checksum": 0}
+    struct = ReplicaState.to_structtype()
+    return spark.createDataFrame([tuple(row.get(f.name) for f in struct.fields)], struct)
+
+
+def partition_row(spark, first: int, last: int, snapshot_id: str = "s9") -> DataFrame:
+    row = {"snapshot_id": snapshot_id, "replica": A, "topic": TOPIC, "partition": 0, "first_offset": first,
+           "last_offset": last, "starts_with_sop": False, "pre_history_bound": {}, "pre_history_known": True,
+           "end_lower_bound": {}, "rows": 1, "puts": 0, "deletes": 0, "heartbeats": 0}
+    struct = PartitionWatermarks.to_structtype()
+    return spark.createDataFrame([tuple(row.get(f.name) for f in struct.fields)], struct)
+
+
+def test_the_predecessor_is_the_context_with_the_greatest_last_offset_below_the_dump(spark):
+    contexts = (context_row(spark, "s0", 0, 9).unionByName(context_row(spark, "s1", 10, 19))
+                .unionByName(context_row(spark, "s2", 20, 29)).unionByName(context_row(spark, "s1", 10, 19, B)))
+    link = predecessors(partition_row(spark, 30, 39), contexts).first()
+    assert (link["previous_snapshot_id"], link["previous_last_offset"], link["overlapping"]) == ("s2", 29, [])
+    # A dump that skips s2's range continues the state right below it.
+    skipping = predecessors(partition_row(spark, 25, 26), contexts.where(F.col("snapshot_id") != "s2")).first()
+    assert skipping["previous_snapshot_id"] == "s1"
+    assert predecessors(partition_row(spark, 0, 5), contexts).first()["previous_snapshot_id"] is None
+
+
+def test_a_dump_overlapping_s1s_offsets_or_two_tied_predecessors_are_refused(spark, audits):
+    # dc-a's S1 dump of orders covers 0..4; a mid-stream dump from offset 3 overlaps it.
+    with pytest.raises(StateRefused) as refused:
+        prior_state(audits.s1.state, partition_row(spark, 3, 6, snapshot_id="s2x"), "s2x")
+    message = str(refused.value)
+    assert "dc-a/orders/0" in message and "snapshot s1" in message and "0..4" in message
+    assert "offset 3" in message and "ambiguous" in message
+    tied = context_row(spark, "s1", 0, 19).unionByName(context_row(spark, "s1b", 5, 19))
+    with pytest.raises(StateRefused, match=r"dc-a/orders/0: the states of snapshots s1, s1b all end at offset 19"):
+        prior_state(tied, partition_row(spark, 20, 30), "s9")
+
+
+def test_the_snapshots_own_state_is_ignored_so_rematerializing_it_uses_the_state_before_it(audits):
+    # S2's own contexts cover exactly S2's offsets: were they read, S2 would overlap them.
+    again = prior_state(audits.s1.state.unionByName(audits.s2.state), audits.s2.part_wm, "s2")
+    assert again.previous_snapshot_ids == ["s1"] and again.links == audits.s2.prior.links
+    assert canonical(again.context) == canonical(audits.s2.prior.context)
+
+
+def test_a_start_of_push_dump_starts_a_fresh_stream_without_carry_over(audits):
+    # S3 is a full dump taken later: it starts at START_OF_PUSH although S1's state is there.
+    assert audits.s3.prior.links == [] and audits.s3.prior.previous_snapshot_ids == []
+    contexts = audits.s3.state.where(F.col("row_kind") == CONTEXT).collect()
+    assert {c["previous_snapshot_id"] for c in contexts} == {None}
+    assert {c["stream_first_offset"] for c in contexts} == {0}
+    assert audits.s3.verdicts(TOPIC) == {(A, B, "k2"): "MISSING", (A, B, "k4"): "DIVERGENT"}
+    assert audits.s3.rows.count() == audits.s3.row_wm.count()
+
+
+def test_keys_last_written_before_the_cut_are_compared_and_proven_only_with_the_state(audits):
+    assert audits.s2.verdicts(TOPIC) == {(A, B, "k2"): "MISSING", (A, B, "k4"): "DIVERGENT"}
+    assert {r["missing_in"] for r in audits.s2.reports if r["key"] == "k2" and r["topic"] == TOPIC} == {B}
+    assert audits.s2.compared(TOPIC) == 4
+    # S2 alone is a fresh mid-stream start: it sees k3 only.
+    assert audits.alone.verdicts(TOPIC) == {} and audits.alone.compared(TOPIC) == 1
+
+
+def test_a_clean_split_audited_incrementally_gives_the_verdicts_of_one_whole_audit(audits):
+    # "clean": no faults, but dc-c lags, so keys are IN_FLIGHT at the end.
+    assert audits.s2.verdicts("clean") == audits.s3.verdicts("clean")
+    assert set(audits.s3.verdicts("clean").values()) == {"IN_FLIGHT"}
+    counts = ("replica_a", "replica_b", "keys_compared", "consistent", "divergent", "missing", "in_flight")
+
+    def summary(a: Audit) -> list[tuple]:
+        return sorted(tuple(r[c] for c in counts) for r in a.summary if r["topic"] == "clean")
+
+    assert summary(audits.s2) == summary(audits.s3)
+    written_in_s2 = {r["key"] for r in audits.s2_rows if r["topic"] == "clean" and r["kind"] in ("PUT", "DELETE")}
+    written = {r["key"] for r in audits.rows if r["topic"] == "clean" and r["kind"] in ("PUT", "DELETE")}
+    assert written - written_in_s2, "some keys should be written before the cut only"
+    assert audits.alone.compared("clean") < audits.s2.compared("clean")
+
+
+def restricted_reference(rows: list[dict], s1_rows: list[dict], topic: str) -> dict[tuple, str]:
+    """The plain-Python Leap Frog over the whole streams, keeping of S1 only each key's last version."""
+    in_s1 = {(*position(r), r["offset"]) for r in s1_rows if r["topic"] == topic and r.get("offset") is not None}
+    dumps = dumps_of(r for r in rows if r["topic"] == topic)
+    for place, dump in dumps.items():
+        last_in_s1 = {r["key"]: r["offset"] for r in dump.rows
+                      if r["kind"] in ("PUT", "DELETE") and (*place, r["offset"]) in in_s1}
+        dropped = {r["offset"] for r in dump.rows
+                   if r["kind"] in ("PUT", "DELETE") and (*place, r["offset"]) in in_s1
+                   and last_in_s1[r["key"]] != r["offset"]}
+
+        def kept(key: str, dump=dump, dropped=dropped, versions=type(dump).versions) -> list[Any]:
+            return [v for v in versions(dump, key) if v.offset not in dropped]
+
+        dump.versions = kept
+    out = {}
+    replicas = sorted({r for (r, _, _) in dumps})
+    for name_a, name_b in combinations(replicas, 2):
+        a, b = dumps[(name_a, topic, 0)], dumps[(name_b, topic, 0)]
+        for key in a.keys() | b.keys():
+            out[(name_a, name_b, key)] = compare_key(a, b, key, name_a, name_b).verdict
+    return out
+
+
+def test_only_last_versions_are_carried_which_can_miss_a_proof_but_never_make_one(audits):
+    expected = restricted_reference(audits.rows, audits.s1_rows, "faulty")
+    got = audits.s2.verdicts("faulty")
+    assert got == {k: v for k, v in expected.items() if v != "CONSISTENT"}
+    assert audits.s2.compared("faulty") == len(expected)
+    proven = {k for k, v in got.items() if v in PROVEN}
+    whole = {k for k, v in audits.s3.verdicts("faulty").items() if v in PROVEN}
+    faulty_rows = [r for r in audits.rows if r["topic"] == "faulty"]
+    assert whole == {k[2:] for k, f in reference_verdicts(faulty_rows).items() if f.verdict in PROVEN}
+    assert proven and proven <= whole
+    written_in_s2 = {r["key"] for r in audits.s2_rows if r["topic"] == "faulty" and r["kind"] in ("PUT", "DELETE")}
+    assert any(key not in written_in_s2 for _, _, key in proven), "a fault last written before the cut is proven"
+
+
+# --------------------------------------------------------------------------- through Dagster
+
+
+def write_landing(landing: Path, snapshot_id: str, rows: list[dict]) -> None:
+    folder = landing / snapshot_id
+    folder.mkdir(parents=True)
+    lines = [json.dumps({k: v for k, v in r.items() if v is not None}) for r in rows]
+    (folder / "part-0.jsonl").write_text("\n".join(lines) + "\n")
+    (folder / "_SUCCESS").write_text("")
+
+
+def run_divergence(landing: Path, warehouse: Path, snapshot_id: str) -> dg.ExecuteInProcessResult:
+    """The audit job of one snapshot, its divergence stage only (its inputs are in the warehouse)."""
+    from replica_lens.definitions import build_definitions
+
+    defs = build_definitions(landing_root=str(landing), warehouse_root=str(warehouse), **SETTINGS)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
+    return defs.resolve_job_def(AUDIT_JOB).execute_in_process(
+        partition_key=snapshot_id, instance=instance, raise_on_error=False,
+        asset_selection=[dg.AssetKey(k) for k in DIVERGENCE_STAGE],
+    )
+
+
+def failure_message(result: dg.ExecuteInProcessResult) -> str:
+    failure = next(e for e in result.all_events if e.is_step_failure).step_failure_data
+    return failure.user_failure_data.description if failure.user_failure_data else failure.error.message
+
+
+def table(spark, warehouse: Path, name: str, snapshot_id: str) -> DataFrame:
+    return DeltaStore(warehouse_root=str(warehouse)).read_snapshot(spark, name, snapshot_id, struct_for(name))
+
+
+@pytest.fixture(scope="module")
+def seeded(spark, audits, tmp_path_factory) -> tuple[Path, Path]:
+    """A warehouse holding S1's state of "orders" (as the divergence asset writes it), and S2 in the landing zone."""
+    root = tmp_path_factory.mktemp("incremental")
+    landing, warehouse = root / "landing", root / "warehouse"
+    write_landing(landing, "s2", [r for r in audits.s2_rows if r["topic"] == TOPIC])
+    store = DeltaStore(warehouse_root=str(warehouse))
+    orders_state = audits.s1.state.where(F.col("topic") == TOPIC)
+    store.write_snapshot(spark, orders_state, "replica_state", "s1", struct_for("replica_state"))
+    return landing, warehouse
+
+
+@pytest.fixture(scope="module")
+def audited_s2(seeded, tmp_path_factory):
+    landing, seeded_warehouse = seeded
+    warehouse = tmp_path_factory.mktemp("audited") / "warehouse"
+    shutil.copytree(seeded_warehouse, warehouse)
+    return landing, warehouse, run_audit("s2", str(landing), str(warehouse), **SETTINGS)
+
+
+@pytest.mark.slow
+def test_an_audit_of_s2_through_dagster_proves_faults_last_written_in_s1(spark, audited_s2):
+    _, warehouse, result = audited_s2
+    assert result.success, result.error
+    reports = table(spark, warehouse, "divergence_reports", "s2").collect()
+    found = {(r["key"], r["verdict"], r["missing_in"]) for r in reports}
+    assert found == {("k2", "MISSING", B), ("k4", "DIVERGENT", None)}
+    summary = table(spark, warehouse, "divergence_summary", "s2").collect()
+    assert [r["keys_compared"] for r in summary] == [4]
+    state = result.metadata["replica_state"]
+    assert (state["carried_partitions"], state["carried_versions"], state["previous_snapshot_ids"]) == (2, 5, ["s1"])
+    assert result.metadata["divergence_reports"]["keys_missing"] == 1
+    assert "replica_state:matches_schema" not in result.failed_checks
+    # The per-snapshot tables keep describing S2's own rows: two data rows (k3 in each replica).
+    assert table(spark, warehouse, "reconstructed_watermarks", "s2").count() == 2
+
+
+@pytest.mark.slow
+def test_rematerializing_s2_gives_identical_state_and_reports_from_s1s_state(spark, audited_s2):
+    landing, warehouse, _ = audited_s2
+    before = {t: canonical(table(spark, warehouse, t, "s2")) for t in DIVERGENCE_STAGE}
+    assert before["replica_state"] and before["divergence_reports"]
+    assert run_divergence(landing, warehouse, "s2").success
+    assert {t: canonical(table(spark, warehouse, t, "s2")) for t in DIVERGENCE_STAGE} == before
+    contexts = table(spark, warehouse, "replica_state", "s2").where(F.col("row_kind") == CONTEXT).collect()
+    assert {c["previous_snapshot_id"] for c in contexts} == {"s1"}
+
+
+@pytest.mark.slow
+def test_a_tampered_state_is_refused_naming_the_replica_partition_and_nothing_of_s2_is_written(
+    spark, audits, seeded, tmp_path
+):
+    landing, seeded_warehouse = seeded
+    warehouse = tmp_path / "warehouse"
+    shutil.copytree(seeded_warehouse, warehouse)
+    store = DeltaStore(warehouse_root=str(warehouse))
+    for name, df in (("reconstructed_watermarks", audits.s2.row_wm), ("partition_watermarks", audits.s2.part_wm)):
+        store.write_snapshot(spark, df.where(F.col("topic") == TOPIC), name, "s2", struct_for(name))
+    DeltaTable(str(warehouse / "replica_state")).delete(
+        "snapshot_id = 's1' AND row_kind = 'VERSION' AND replica = 'dc-b' AND key = 'k4'"
+    )
+    result = run_divergence(landing, warehouse, "s2")
+    assert not result.success
+    message = failure_message(result)
+    assert "dc-b/orders/0" in message and "snapshot s1" in message and "STATE_ROWS" in message
+    assert "dc-a/orders/0" not in message
+    for name in DIVERGENCE_STAGE:
+        assert table(spark, warehouse, name, "s2").count() == 0, name
