@@ -32,8 +32,9 @@ Instead:
 2. Vectors become dense arrays over the region universe, ``-1`` for a missing component,
    which turns the SPEC order into plain componentwise ``<=``. Per region r,
    ``a_r(w) = #{v : U_r(v) <= M_r(w)}`` and ``s_r(w) = #{v : M_r(v) < U_r(w)}`` are rank
-   queries: put A's values and B's query values of one (pair, key, region) in one sorted
-   list and take a running count of A's entries (one window, one sort). Then
+   queries: order the versions of both sides of one (pair, key) by A's value and B's
+   query value for region r and take a running count of A's entries. All these
+   orderings share one window partition (one exchange, a local sort each). Then
    ``a(w) = min_r a_r(w)`` and ``s(w) = max_r s_r(w)``.
 3. w proves divergence iff its range is non-empty and not all of A's tokens in it equal
    w's token. Each version of A knows where the run of equal consecutive tokens it
@@ -60,7 +61,7 @@ ABSENT = "ABSENT"
 PART = ("snapshot_id", "topic", "partition")
 PAIR = (*PART, "replica_a", "replica_b")
 SIDES = ("a", "b")
-VERSION_COLUMNS = ("key", "side", "idx", "offset", "token", "value", "touch", "reach", "run_end")
+VERSION_COLUMNS = ("key", "side", "idx", "offset", "token", "touch", "reach", "run_end")
 
 # The two rank problems of step 2.
 PREFIX = "a"  # A's U_r against w's M_r, counting ties: #{v : U_r(v) <= M_r(w)}
@@ -166,7 +167,6 @@ def _bottoms(pair_keys: DataFrame) -> DataFrame:
             F.lit(0).cast(T.LongType()).alias("idx"),
             F.lit(None).cast(T.LongType()).alias("offset"),
             F.lit(ABSENT).alias("token"),
-            F.lit(None).cast(T.StringType()).alias("value"),
             empty_vector().alias("touch"),
             "reach",
             # Data tokens are hashes or TOMBSTONE, never ABSENT: the run of ⊥ ends right after it.
@@ -175,62 +175,60 @@ def _bottoms(pair_keys: DataFrame) -> DataFrame:
     )
 
 
-def _rank_entries(versions: DataFrame, regions: list[str]) -> DataFrame:
-    """One row per (version with known U, region, rank problem): the value to sort and its tie order.
+def _overlap_ranges(versions: DataFrame, regions: list[str]) -> DataFrame:
+    """For every w of B with a known U: the index range ``[s, a)`` of A's versions overlapping it.
 
-    A's entries are counted, B's are the queries. For the prefix problem an A entry equal
-    to a query sorts before it (``<=``); for the suffix problem after it (``<``).
+    Both sides of one (pair, key) stay in one window partition; per region, two orderings
+    of the same rows answer the two rank problems as running counts of A's entries. A
+    entry equal to a query sorts before it in the prefix problem (``<=``) and after it in
+    the suffix problem (``<``). Every ordering shares one exchange; nothing is exploded.
     """
+    if not regions:
+        # No region appears in any U: there is no data version to compare.
+        return versions.where(F.lit(False)).select(
+            *PAIR, "key", F.col("idx").alias("w_idx"), F.lit(0).cast(T.LongType()).alias("s"),
+            F.lit(0).cast(T.LongType()).alias("a"), F.col("token").alias("w_token"),
+        )
     is_a = F.col("side") == "a"
     # U is unknown for all versions of a dump or for none (it hinges on the dump's P), so
     # the versions kept are still indexed 0..n-1 and the counts below are indices.
-    per_region = versions.where(F.col("touch").isNotNull()).select(
+    known = versions.where(F.col("touch").isNotNull()).select(
+        *PAIR, "key", "side", "idx", "token",
+        dense(F.col("touch"), regions).alias("u"), dense(F.col("reach"), regions).alias("m"),
+    )
+    by_key = Window.partitionBy(*PAIR, "key")
+    a_entries = F.sum(is_a.cast(T.LongType()))
+
+    def rank(value_a: Column, query_b: Column, a_ties_first: bool) -> Column:
+        tie = F.when(is_a, 0 if a_ties_first else 1).otherwise(1 if a_ties_first else 0)
+        ordered = by_key.orderBy(F.when(is_a, value_a).otherwise(query_b), tie)
+        return a_entries.over(ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow))
+
+    u = [F.col("u")[i] for i in range(len(regions))]
+    m = [F.col("m")[i] for i in range(len(regions))]
+    prefix = [rank(u[i], m[i], a_ties_first=True).alias(f"{PREFIX}_{i}") for i in range(len(regions))]
+    suffix = [rank(m[i], u[i], a_ties_first=False).alias(f"{SUFFIX}_{i}") for i in range(len(regions))]
+
+    def combine(fn, names: list[str]) -> Column:
+        return F.col(names[0]) if len(names) == 1 else fn(*[F.col(n) for n in names])
+
+    ranked = known.select(*PAIR, "key", "side", "idx", "token", *prefix, *suffix).where(~is_a)
+    return ranked.select(
         *PAIR,
         "key",
-        "side",
-        "idx",
-        "token",
-        F.posexplode(F.arrays_zip(dense(F.col("touch"), regions).alias("u"), dense(F.col("reach"), regions).alias("m")))
-        .alias("region", "um"),
-    )
-    problems = F.array(
-        F.struct(
-            F.lit(PREFIX).alias("problem"),
-            F.when(is_a, F.col("um.u")).otherwise(F.col("um.m")).alias("value"),
-            F.when(is_a, 0).otherwise(1).alias("tie"),
-        ),
-        F.struct(
-            F.lit(SUFFIX).alias("problem"),
-            F.when(is_a, F.col("um.m")).otherwise(F.col("um.u")).alias("value"),
-            F.when(is_a, 1).otherwise(0).alias("tie"),
-        ),
-    )
-    return per_region.select(*PAIR, "key", "side", "idx", "token", "region", F.inline(problems))
-
-
-def _overlap_ranges(versions: DataFrame, regions: list[str]) -> DataFrame:
-    """For every w of B with a known U: the index range ``[s, a)`` of A's versions overlapping it."""
-    ranked = Window.partitionBy(*PAIR, "key", "region", "problem").orderBy("value", "tie")
-    counted = _rank_entries(versions, regions).select(
-        "*",
-        F.sum((F.col("side") == "a").cast(T.LongType()))
-        .over(ranked.rowsBetween(Window.unboundedPreceding, Window.currentRow))
-        .alias("a_before"),
-    )
-    return (
-        counted.where(F.col("side") == "b")
-        .groupBy(*PAIR, "key", F.col("idx").alias("w_idx"))
-        .agg(
-            F.max(F.when(F.col("problem") == SUFFIX, F.col("a_before"))).alias("s"),
-            F.min(F.when(F.col("problem") == PREFIX, F.col("a_before"))).alias("a"),
-            # Every row of one w carries w's token.
-            F.max("token").alias("w_token"),
-        )
+        F.col("idx").alias("w_idx"),
+        combine(F.greatest, [f"{SUFFIX}_{i}" for i in range(len(regions))]).alias("s"),
+        combine(F.least, [f"{PREFIX}_{i}" for i in range(len(regions))]).alias("a"),
+        F.col("token").alias("w_token"),
     )
 
 
-def _witnesses(versions: DataFrame, regions: list[str]) -> DataFrame:
-    """Per (pair, key) with a proof: the earliest proving w of B and the first differing v of A (steps 3-4)."""
+def _witnesses(versions: DataFrame, paired: DataFrame, regions: list[str]) -> DataFrame:
+    """Per (pair, key) with a proof: the earliest proving w of B and the first differing v of A (steps 3-4).
+
+    Values travel with the few witnesses only: they are looked up in ``paired`` at the end
+    (⊥ has none).
+    """
     ranges = _overlap_ranges(versions, regions).where(F.col("s") < F.col("a"))
     at_s = versions.where(F.col("side") == "a").select(
         *PAIR, "key", F.col("idx").alias("s"), F.col("token").alias("s_token"), F.col("run_end").alias("s_run_end")
@@ -249,15 +247,22 @@ def _witnesses(versions: DataFrame, regions: list[str]) -> DataFrame:
             "key",
             F.col("idx").alias(idx_column),
             F.col("offset").alias(f"witness_offset_{s}"),
-            F.col("value").alias(f"witness_value_{s}"),
             F.col("token").alias(f"witness_hash_{s}"),
             F.col("touch").alias(f"touch_bound_{s}"),
             F.col("reach").alias(f"reach_{s}"),
         )
 
-    return witnesses.join(version("a", "v_idx"), on=[*PAIR, "key", "v_idx"], how="inner").join(
+    def value(s: str) -> DataFrame:
+        return paired.where(F.col("side") == s).select(
+            *PAIR, "key", F.col("offset").alias(f"witness_offset_{s}"), F.col("value").alias(f"witness_value_{s}")
+        )
+
+    found = witnesses.join(version("a", "v_idx"), on=[*PAIR, "key", "v_idx"], how="inner").join(
         version("b", "w_idx"), on=[*PAIR, "key", "w_idx"], how="inner"
     )
+    for s in SIDES:
+        found = found.join(value(s), on=[*PAIR, "key", f"witness_offset_{s}"], how="left")
+    return found
 
 
 def _verdicts(pair_keys: DataFrame, witnesses: DataFrame) -> DataFrame:
@@ -316,10 +321,12 @@ def compare_replicas(row_watermarks: DataFrame, partition_wm: DataFrame) -> tupl
     # Only regions that appear in some U can fail a comparison; any other compares -1 <= anything.
     regions = region_universe(row_watermarks, vector_columns=["touch_bound"])
     pairs = _replica_pairs(partition_wm)
-    paired = _paired_versions(_data_versions(row_watermarks), pairs)
-    pair_keys = _pair_keys(paired)
+    # Every later step reads the paired versions and the pair keys, and reports and summary
+    # both derive from the verdicts: each is computed once (a local checkpoint), not per use.
+    paired = _paired_versions(_data_versions(row_watermarks), pairs).localCheckpoint(eager=True)
+    pair_keys = _pair_keys(paired).localCheckpoint(eager=True)
     versions = paired.select(*PAIR, *VERSION_COLUMNS).unionByName(_bottoms(pair_keys))
-    verdicts = _verdicts(pair_keys, _witnesses(versions, regions))
+    verdicts = _verdicts(pair_keys, _witnesses(versions, paired, regions)).localCheckpoint(eager=True)
     reports = verdicts.where(F.col("verdict") != "CONSISTENT")
     return (
         conform(reports, DivergenceReports.to_structtype()),
