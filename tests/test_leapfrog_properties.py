@@ -268,10 +268,14 @@ def test_spark_verdicts_are_safe_live_and_equal_to_the_reference(small_runs, bat
 
 
 def test_the_simulator_produces_live_cases():
-    """The property above is only as good as its histories: some faults must be provable."""
+    """The property above is only as good as its histories: some faults must be provable.
+
+    About one faulty history in twelve has a fault both replicas' heartbeats cover; a random
+    run of 60 found none now and then, so this census runs a fixed (derandomized) sequence.
+    """
     live = 0
 
-    @settings(max_examples=60, deadline=None, database=None)
+    @settings(max_examples=200, deadline=None, database=None, derandomize=True)
     @given(history=histories(partition=0, with_faults=True))
     def count(history):
         nonlocal live
@@ -283,4 +287,4 @@ def test_the_simulator_produces_live_cases():
         live += check_live(history, found, history.rows)
 
     count()
-    assert live > 0
+    assert live >= 5, live
