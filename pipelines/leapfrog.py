@@ -54,6 +54,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.frames import computed_once
 from pipelines.vectors import conform, dense, empty_vector, region_universe
 from schemas.divergence import DivergenceReports, DivergenceSummary
 
@@ -61,7 +62,6 @@ ABSENT = "ABSENT"
 PART = ("snapshot_id", "topic", "partition")
 PAIR = (*PART, "replica_a", "replica_b")
 SIDES = ("a", "b")
-VERSION_COLUMNS = ("key", "side", "idx", "offset", "token", "touch", "reach", "run_end")
 
 # The two rank problems of step 2.
 PREFIX = "a"  # A's U_r against w's M_r, counting ties: #{v : U_r(v) <= M_r(w)}
@@ -82,8 +82,17 @@ def _replica_pairs(partition_wm: DataFrame) -> DataFrame:
     return side("a").join(side("b"), on=list(PART), how="inner").where(F.col("replica_a") < F.col("replica_b"))
 
 
+# Per (replica, key) totals, carried on the key's first data row only (null on the others).
+TOTALS = ("data_rows", "last_offset", "last_hash", "first_lower_bound")
+
+
 def _data_versions(row_watermarks: DataFrame) -> DataFrame:
-    """Per replica and key: its data rows in offset order, with position, run end and the key's totals."""
+    """Per replica and key: its data rows in offset order, with position and run end, and the key's totals.
+
+    One window partition per (replica, key) computes everything. The totals sit on the
+    key's first row (``pos`` 0) only, so the frame stays as narrow as the versions
+    themselves; values stay behind (only witnesses need them).
+    """
     in_order = Window.partitionBy(*PART, "replica", "key").orderBy("offset")
     whole = in_order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     indexed = row_watermarks.select(
@@ -92,57 +101,75 @@ def _data_versions(row_watermarks: DataFrame) -> DataFrame:
         "key",
         "offset",
         F.col("value_hash").alias("token"),
-        "value",
         F.col("touch_bound").alias("touch"),
         "reach",
+        "applied_lower_bound",
         (F.row_number().over(in_order.rowsBetween(Window.unboundedPreceding, Window.currentRow)) - 1).alias("pos"),
         F.lag("value_hash", 1).over(in_order.rowsBetween(-1, -1)).alias("previous_token"),
         F.count(F.lit(1)).over(whole).alias("data_rows"),
         F.last("offset").over(whole).alias("last_offset"),
         F.last("value_hash").over(whole).alias("last_hash"),
-        F.first("applied_lower_bound").over(whole).alias("first_lower_bound"),
     )
     run_starts = F.when(F.col("previous_token").isNull() | (F.col("previous_token") != F.col("token")), F.col("pos"))
+    first = F.col("pos") == 0
+    totals = {
+        "data_rows": F.col("data_rows"),
+        "last_offset": F.col("last_offset"),
+        "last_hash": F.col("last_hash"),
+        "first_lower_bound": F.col("applied_lower_bound"),
+    }
     return indexed.select(
-        "*",
+        *PART,
+        "replica",
+        "key",
+        "offset",
+        "token",
+        "touch",
+        "reach",
+        "pos",
         # Where the content next changes after this row: the end of the run this row is in.
         F.coalesce(F.min(run_starts).over(in_order.rowsBetween(1, Window.unboundedFollowing)), F.col("data_rows"))
         .alias("run_end_pos"),
+        *[F.when(first, column).alias(name) for name, column in totals.items()],
     )
 
 
 def _paired_versions(data_versions: DataFrame, pairs: DataFrame) -> DataFrame:
-    """Every data version once per pair its replica is in, as side a or b, indexed after ⊥ when there is one."""
+    """Every data version once per pair its replica is in, as side a or b, indexed after ⊥ when there is one.
+
+    ``pairs`` is a handful of rows (replica pairs per partition): the join broadcasts it.
+    """
     as_side = F.explode(
         F.array(*[F.struct(F.col(f"replica_{s}").alias("replica"), F.lit(s).alias("side")) for s in SIDES])
     )
-    pair_sides = pairs.select(*PAIR, "sop_a", "sop_b", "end_a", "end_b", as_side.alias("as")).select(
-        *PAIR, "sop_a", "sop_b", "end_a", "end_b", "as.replica", "as.side"
+    pair_sides = pairs.select(*PAIR, "sop_a", "sop_b", as_side.alias("as")).select(
+        *PAIR, "sop_a", "sop_b", "as.replica", "as.side"
     )
     shift = F.when(F.col("side") == "a", F.col("sop_a")).otherwise(F.col("sop_b")).cast(T.LongType())
-    return data_versions.join(pair_sides, on=[*PART, "replica"], how="inner").select(
-        "*", (F.col("pos") + shift).alias("idx"), (F.col("run_end_pos") + shift).alias("run_end")
+    return data_versions.join(F.broadcast(pair_sides), on=[*PART, "replica"], how="inner").select(
+        *PAIR,
+        "key",
+        "side",
+        (F.col("pos") + shift).alias("idx"),
+        "offset",
+        "token",
+        "touch",
+        "reach",
+        (F.col("run_end_pos") + shift).alias("run_end"),
     )
 
 
-def _pair_keys(paired: DataFrame) -> DataFrame:
-    """Per pair, every key seen in either replica, with both sides' totals and last versions."""
+def _pair_keys(data_versions: DataFrame, pairs: DataFrame) -> DataFrame:
+    """Per pair, every key seen in either replica, with both sides' totals and what each side's dump knows."""
 
-    def of_side(s: str, column: str) -> Column:
-        return F.when(F.col("side") == s, F.col(column))
+    def side(s: str) -> DataFrame:
+        totals = data_versions.where(F.col("pos") == 0).select(
+            *PART, F.col("replica").alias(f"replica_{s}"), "key", *[F.col(c).alias(f"{c}_{s}") for c in TOTALS]
+        )
+        return totals.join(F.broadcast(pairs.select(*PAIR)), on=[*PART, f"replica_{s}"], how="inner")
 
-    per_side = []
-    for s in SIDES:
-        per_side += [
-            F.max(of_side(s, "data_rows")).alias(f"data_rows_{s}"),
-            F.max(of_side(s, "last_offset")).alias(f"last_offset_{s}"),
-            F.max(of_side(s, "last_hash")).alias(f"last_hash_{s}"),
-            # One replica per side, and the value is the same on all its rows of the key.
-            F.first(of_side(s, "first_lower_bound"), ignorenulls=True).alias(f"first_lower_bound_{s}"),
-        ]
-    # sop_* and end_* describe the pair: the same on every row of the group.
-    pair_facts = [F.first(c).alias(c) for c in ("sop_a", "sop_b", "end_a", "end_b")]
-    return paired.groupBy(*PAIR, "key").agg(*per_side, *pair_facts)
+    keys = side("a").join(side("b"), on=[*PAIR, "key"], how="full")
+    return keys.join(F.broadcast(pairs), on=list(PAIR), how="inner")
 
 
 def _bottoms(pair_keys: DataFrame) -> DataFrame:
@@ -223,11 +250,11 @@ def _overlap_ranges(versions: DataFrame, regions: list[str]) -> DataFrame:
     )
 
 
-def _witnesses(versions: DataFrame, paired: DataFrame, regions: list[str]) -> DataFrame:
+def _witnesses(versions: DataFrame, row_watermarks: DataFrame, regions: list[str]) -> DataFrame:
     """Per (pair, key) with a proof: the earliest proving w of B and the first differing v of A (steps 3-4).
 
-    Values travel with the few witnesses only: they are looked up in ``paired`` at the end
-    (⊥ has none).
+    Values travel with the few witnesses only: they are looked up in ``row_watermarks`` at
+    the end (⊥ has none).
     """
     ranges = _overlap_ranges(versions, regions).where(F.col("s") < F.col("a"))
     at_s = versions.where(F.col("side") == "a").select(
@@ -253,15 +280,19 @@ def _witnesses(versions: DataFrame, paired: DataFrame, regions: list[str]) -> Da
         )
 
     def value(s: str) -> DataFrame:
-        return paired.where(F.col("side") == s).select(
-            *PAIR, "key", F.col("offset").alias(f"witness_offset_{s}"), F.col("value").alias(f"witness_value_{s}")
+        return row_watermarks.select(
+            *PART,
+            F.col("replica").alias(f"replica_{s}"),
+            "key",
+            F.col("offset").alias(f"witness_offset_{s}"),
+            F.col("value").alias(f"witness_value_{s}"),
         )
 
     found = witnesses.join(version("a", "v_idx"), on=[*PAIR, "key", "v_idx"], how="inner").join(
         version("b", "w_idx"), on=[*PAIR, "key", "w_idx"], how="inner"
     )
     for s in SIDES:
-        found = found.join(value(s), on=[*PAIR, "key", f"witness_offset_{s}"], how="left")
+        found = found.join(value(s), on=[*PART, f"replica_{s}", "key", f"witness_offset_{s}"], how="left")
     return found
 
 
@@ -321,12 +352,13 @@ def compare_replicas(row_watermarks: DataFrame, partition_wm: DataFrame) -> tupl
     # Only regions that appear in some U can fail a comparison; any other compares -1 <= anything.
     regions = region_universe(row_watermarks, vector_columns=["touch_bound"])
     pairs = _replica_pairs(partition_wm)
-    # Every later step reads the paired versions and the pair keys, and reports and summary
-    # both derive from the verdicts: each is computed once (a local checkpoint), not per use.
-    paired = _paired_versions(_data_versions(row_watermarks), pairs).localCheckpoint(eager=True)
-    pair_keys = _pair_keys(paired).localCheckpoint(eager=True)
-    versions = paired.select(*PAIR, *VERSION_COLUMNS).unionByName(_bottoms(pair_keys))
-    verdicts = _verdicts(pair_keys, _witnesses(versions, paired, regions)).localCheckpoint(eager=True)
+    # Later steps read the indexed versions (once per pair their replica is in, through a
+    # broadcast join with the few pairs) and the pair keys several times, and reports and
+    # summary both derive from the verdicts: each is computed once (a local checkpoint).
+    data_versions = computed_once(_data_versions(row_watermarks))
+    pair_keys = computed_once(_pair_keys(data_versions, pairs))
+    versions = _paired_versions(data_versions, pairs).unionByName(_bottoms(pair_keys))
+    verdicts = computed_once(_verdicts(pair_keys, _witnesses(versions, row_watermarks, regions)))
     reports = verdicts.where(F.col("verdict") != "CONSISTENT")
     return (
         conform(reports, DivergenceReports.to_structtype()),

@@ -73,6 +73,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.frames import computed_once
 from pipelines.vectors import conform, region_universe, running_max_single, sparse, vector_max
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
@@ -233,7 +234,7 @@ def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str) -> 
     rp = list(REPLICA_PARTITION)
     others = state.where(F.col("snapshot_id") != snapshot_id)
     contexts = others.where(F.col("row_kind") == CONTEXT)
-    links = predecessors(partition_wm, contexts).localCheckpoint(eager=True)
+    links = computed_once(predecessors(partition_wm, contexts))
     chosen = links.where(F.col("previous_snapshot_id").isNotNull()).select(
         F.col("previous_snapshot_id").alias("snapshot_id"), *rp
     )
@@ -428,7 +429,7 @@ def next_state(
         sparse([F.max(F.when(F.col("source_region") == F.lit(r), F.col("source_offset"))) for r in regions],
                regions).alias("touched"),
     )
-    versions = _as_state(
+    versions = computed_once(_as_state(
         per_key.join(prior, on=[*rp, "key"], how="left").select(
             "snapshot_id",
             F.lit(VERSION).alias("row_kind"),
@@ -441,7 +442,7 @@ def next_state(
             .otherwise(F.col("snapshot_id"))
             .alias("origin_snapshot_id"),
         )
-    ).localCheckpoint(eager=True)
+    ))
     stats = versions.groupBy("snapshot_id", *rp).agg(
         F.count(F.lit(1)).alias("state_rows"), checksum(version_hash()).alias("state_checksum")
     )

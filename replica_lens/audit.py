@@ -10,6 +10,7 @@ import dagster as dg
 from assets.partitions import SNAPSHOTS
 from replica_lens.jobs import AUDIT_JOB
 from resources.landing import LandingZone
+from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
 
 
 @dataclass
@@ -121,7 +122,7 @@ def audit_snapshots(
     fail_on_divergence: bool = False,
     spark_master: str = "local[*]",
     delta_jars_dir: Optional[str] = None,
-    shuffle_partitions: int = 64,
+    shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
 ) -> int:
     """Audit the named snapshot, or every complete one; print a summary; return the exit code."""
     zone = LandingZone(root=landing)

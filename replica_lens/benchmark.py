@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
+
 STEP_INPUTS = {
     "raw_topic_snapshots": None,
     "heartbeat_segments": "raw_topic_snapshots",
@@ -225,7 +227,7 @@ def benchmark(
     variants: tuple[str, ...] = ("uniform", "hot"),
     out: Optional[str] = None,
     workdir: Optional[str] = None,
-    shuffle_partitions: int = 64,
+    shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     keep: bool = False,
 ) -> dict:
     from replica_lens.simulator import SimulationConfig

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
+
 EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DIVERGENCE = 3
@@ -89,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("REPLICA_LENS_DELTA_JARS") or None,
         help="folder with the Delta Lake jars: write Delta natively with delta-spark (default: embedded delta-rs)",
     )
-    audit.add_argument("--shuffle-partitions", type=int, default=64, help="spark.sql.shuffle.partitions (upper bound; adaptive execution merges small partitions)")
+    audit.add_argument("--shuffle-partitions", type=int, default=DEFAULT_SHUFFLE_PARTITIONS, help="spark.sql.shuffle.partitions (upper bound; adaptive execution merges small partitions)")
     audit.add_argument(
         "--fail-on-divergence",
         action="store_true",
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--variants", default="uniform,hot", help="comma-separated: uniform, hot (1%% of keys, half the writes)")
     bench.add_argument("--json", default="bench-results/benchmark.json", help="where to write the results")
     bench.add_argument("--workdir", help="folder for the simulated snapshots and tables (default: a temporary one)")
-    bench.add_argument("--shuffle-partitions", type=int, default=64, help="spark.sql.shuffle.partitions (upper bound; adaptive execution merges small partitions)")
+    bench.add_argument("--shuffle-partitions", type=int, default=DEFAULT_SHUFFLE_PARTITIONS, help="spark.sql.shuffle.partitions (upper bound; adaptive execution merges small partitions)")
     bench.add_argument("--keep", action="store_true", help="keep the simulated snapshots and tables")
     bench.set_defaults(handler=_benchmark)
     return parser

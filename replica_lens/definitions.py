@@ -21,6 +21,7 @@ from replica_lens.jobs import (
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource
+from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
 
 Setting = Union[str, dg.EnvVar]
 
@@ -30,7 +31,7 @@ def build_definitions(
     warehouse_root: Setting = dg.EnvVar("REPLICA_LENS_WAREHOUSE"),
     spark_master: Setting = dg.EnvVar("REPLICA_LENS_SPARK_MASTER"),
     delta_jars_dir: Optional[Setting] = dg.EnvVar("REPLICA_LENS_DELTA_JARS"),
-    shuffle_partitions: int = 64,
+    shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     delta_engine: str = "auto",
 ) -> dg.Definitions:
     return dg.Definitions(

@@ -21,6 +21,8 @@ from dagster_pyspark import PySparkResource
 from pydantic import Field
 from pyspark.sql import SparkSession
 
+from resources.tuning import DEFAULT_DRIVER_MEMORY, DEFAULT_SHUFFLE_PARTITIONS
+
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
@@ -37,8 +39,8 @@ def delta_jars(delta_jars_dir: Optional[str]) -> list[str]:
 def spark_config(
     master: str = "local[*]",
     app_name: str = "replica-lens",
-    shuffle_partitions: int = 64,
-    driver_memory: str = "3g",
+    shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
+    driver_memory: str = DEFAULT_DRIVER_MEMORY,
     delta_jars_dir: Optional[str] = None,
     extra: Optional[dict[str, str]] = None,
 ) -> dict[str, str]:
@@ -101,11 +103,11 @@ class SparkResource(PySparkResource):
     spark_config: dict = Field(default_factory=dict, description="Extra Spark settings, applied last.")
     master: str = Field(default="local[*]", description="Spark master URL; local[*] runs embedded.")
     shuffle_partitions: int = Field(
-        default=64,
+        default=DEFAULT_SHUFFLE_PARTITIONS,
         description="spark.sql.shuffle.partitions, an upper bound: adaptive execution merges partitions to ~32 MB each.",
     )
     driver_memory: str = Field(
-        default="3g", description="Driver heap (only applies when this process starts the JVM); the JVM's RSS stays under ~4 GiB."
+        default=DEFAULT_DRIVER_MEMORY, description="Driver heap (only applies when this process starts the JVM); the JVM's RSS stays under ~4 GiB."
     )
     delta_jars_dir: Optional[str] = Field(
         default=None,

@@ -1,0 +1,8 @@
+"""Default sizes of the Spark session, importable without starting anything (the CLI reads them)."""
+
+# An upper bound, not a task count: adaptive execution merges each shuffle's partitions to
+# about 32 MB, so 2 million rows run in a dozen tasks and 20 million in a hundred or more.
+# A bound of 64 forced ~100 MB partitions at 20 million rows, whose sorts spilled so often
+# that merging the spills ran out of heap.
+DEFAULT_SHUFFLE_PARTITIONS = 512
+DEFAULT_DRIVER_MEMORY = "3g"
