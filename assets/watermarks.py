@@ -66,5 +66,9 @@ def reconstructed_watermarks(context: dg.AssetExecutionContext, spark: SparkReso
     snapshot_id = context.partition_key
     session = spark.spark_session
     annotated = read_stage(session, store, "heartbeat_segments", snapshot_id)
-    yield materialize_stage(session, store, reconstruct_watermarks(annotated), "reconstructed_watermarks", snapshot_id)
-    yield materialize_stage(session, store, partition_watermarks(annotated), "partition_watermarks", snapshot_id)
+    # The few partition rows first: P and L(end) of every data row are then read from them.
+    partitions = materialize_stage(session, store, partition_watermarks(annotated), "partition_watermarks", snapshot_id)
+    written = read_stage(session, store, "partition_watermarks", snapshot_id)
+    rows = reconstruct_watermarks(annotated, written)
+    yield materialize_stage(session, store, rows, "reconstructed_watermarks", snapshot_id)
+    yield partitions

@@ -58,11 +58,18 @@ def partition_watermarks(annotated: DataFrame) -> DataFrame:
     return conform(_partition_bounds(annotated), PartitionWatermarks.to_structtype())
 
 
-def reconstruct_watermarks(annotated: DataFrame) -> DataFrame:
-    """One row per PUT/DELETE with its content token, ``L``, ``U`` (null when ``P`` is unknown) and ``M``."""
+def reconstruct_watermarks(annotated: DataFrame, partitions: DataFrame | None = None) -> DataFrame:
+    """One row per PUT/DELETE with its content token, ``L``, ``U`` (null when ``P`` is unknown) and ``M``.
+
+    ``partitions`` is ``partition_watermarks(annotated)`` when the caller already has it
+    (the asset passes the table it just wrote): ``P`` and ``L(end)`` then come from its
+    few rows instead of another aggregation over every row.
+    """
     data = annotated.where(F.col("kind").isin(*DATA_KINDS))
     regions = region_universe(data, region_columns=["source_region"])
-    bounds = _partition_bounds(annotated).select(*PARTITION_KEYS, "pre_history_bound", "end_lower_bound")
+    bounds = (partitions if partitions is not None else _partition_bounds(annotated)).select(
+        *PARTITION_KEYS, "pre_history_bound", "end_lower_bound"
+    )
     by_key = Window.partitionBy(*PARTITION_KEYS, "key").orderBy("offset")
     touched = running_max_single(
         F.col("source_region"),
@@ -71,7 +78,7 @@ def reconstruct_watermarks(annotated: DataFrame) -> DataFrame:
         by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow),
     )
     next_lower_bound = F.lead("applied_lower_bound", 1).over(by_key.rowsBetween(1, 1))
-    rows = data.join(bounds, on=list(PARTITION_KEYS), how="inner").select(
+    rows = data.join(F.broadcast(bounds), on=list(PARTITION_KEYS), how="inner").select(
         "*",
         value_token().alias("value_hash"),
         F.when(F.col("pre_history_bound").isNotNull(), vector_max(F.col("pre_history_bound"), touched)).alias(

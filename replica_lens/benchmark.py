@@ -102,6 +102,8 @@ class StepFigures:
     rows_out: dict[str, int]
     peak_python_mib: float
     peak_jvm_mib: float
+    # Per table the step wrote: seconds to compute and write it, and to read it back and validate it.
+    tables: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -192,6 +194,11 @@ def run_variant(name: str, workdir: Path, sim_config, spark, settings: dict, sam
         }
         upstream = STEP_INPUTS.get(base)
         rows_in = rows if upstream is None else int(audit.value(upstream, "dagster/row_count", 0) or 0)
+        tables = {
+            asset: {"write_seconds": meta.get("write_seconds"), "check_seconds": meta.get("check_seconds")}
+            for asset, meta in audit.metadata.items()
+            if (asset == base or _step_of(asset) == base) and "write_seconds" in meta
+        }
         peak_py, peak_jvm = sampler.peak_mib(stats.start_time, stats.end_time)
         figures.steps.append(
             StepFigures(
@@ -201,6 +208,7 @@ def run_variant(name: str, workdir: Path, sim_config, spark, settings: dict, sam
                 rows_out=outputs,
                 peak_python_mib=round(peak_py, 1),
                 peak_jvm_mib=round(peak_jvm, 1),
+                tables=tables,
             )
         )
     figures.peak_jvm_mib = max((s.peak_jvm_mib for s in figures.steps), default=0.0)
@@ -285,5 +293,7 @@ def print_report(report: dict) -> None:
                 f"out {sum(step['rows_out'].values()):>10}  jvm {step['peak_jvm_mib']:>7} MiB  "
                 f"py {step['peak_python_mib']:>6} MiB"
             )
+            for table, times in sorted(step.get("tables", {}).items()):
+                print(f"      {table:<28} compute+write {times['write_seconds']!s:>7} s  read+validate {times['check_seconds']!s:>6} s")
     if "hot_to_uniform" in report:
         print(f"hot-key / uniform: {report['hot_to_uniform']}x")

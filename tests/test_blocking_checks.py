@@ -19,8 +19,8 @@ def test_a_table_that_breaks_its_schema_blocks_the_divergence_stage(spark, tmp_p
     shutil.copytree(SHARED_EXAMPLES / "two-regions", landing / "two-regions")
     real = assets.watermarks.reconstruct_watermarks
 
-    def broken(annotated):  # a regression that writes negative offsets
-        return real(annotated).withColumn("offset", F.lit(-1).cast("bigint"))
+    def broken(*args):  # a regression that writes negative offsets
+        return real(*args).withColumn("offset", F.lit(-1).cast("bigint"))
 
     monkeypatch.setattr(assets.watermarks, "reconstruct_watermarks", broken)
     audit = run_audit("two-regions", str(landing), str(tmp_path / "warehouse"), **SETTINGS)
