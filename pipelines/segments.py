@@ -91,6 +91,20 @@ def annotate_segments(raw: DataFrame) -> DataFrame:
     return conform(annotated, HeartbeatSegments.to_structtype())
 
 
+def last_row_bounds() -> Column:
+    """What ``bound_after`` needs of a row: its ``L`` and its contribution (picked by ``max_by`` first)."""
+    return F.struct("applied_lower_bound", "contribution")
+
+
+def bound_after(row: Column) -> Column:
+    """``L`` just after a row: its ``L`` joined with its contribution (``row`` from ``last_row_bounds``).
+
+    Aggregations pick the last row first and join its two vectors once per group, not once
+    per row.
+    """
+    return vector_max(row["applied_lower_bound"], row["contribution"])
+
+
 def summarize_segments(annotated: DataFrame) -> DataFrame:
     """One row per segment: offsets, rows per kind, baseline, closing watermark, resolved timestamp."""
     kind = F.col("kind")
@@ -109,11 +123,9 @@ def summarize_segments(annotated: DataFrame) -> DataFrame:
         count_of(kind == "HEARTBEAT").alias("heartbeats"),
         count_of(~kind.isin("PUT", "DELETE", "HEARTBEAT")).alias("other_rows"),
         F.max_by("baseline_vector", "offset").alias("baseline_vector"),
-        F.max_by(vector_max(F.col("applied_lower_bound"), F.col("contribution")), "offset").alias(
-            "closing_watermark"
-        ),
+        F.max_by(last_row_bounds(), "offset").alias("closing"),
         F.max("opening_applied_ts_min_ms").alias("opening_applied_ts_min_ms"),
         F.max("opening_applied_ts_max_ms").alias("opening_applied_ts_max_ms"),
         F.max("resolved_ts_ms").alias("resolved_ts_ms"),
     )
-    return conform(summary, HeartbeatSegmentSummary.to_structtype())
+    return conform(summary.withColumn("closing_watermark", bound_after(F.col("closing"))), HeartbeatSegmentSummary.to_structtype())
