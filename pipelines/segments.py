@@ -38,18 +38,6 @@ def contribution() -> Column:
     )
 
 
-def _contributing_regions() -> list[Column]:
-    """The regions of ``contribution()``, read without building a map per row (a heartbeat's
-    vector, else the row's own source region for data rows and heartbeats without one)."""
-    heartbeat = F.col("kind") == "HEARTBEAT"
-    with_vector = heartbeat & F.col("hb_vector").isNotNull()
-    own_region = F.col("kind").isin(*DATA_KINDS) | (heartbeat & F.col("hb_vector").isNull())
-    return [
-        F.when(own_region, F.col("source_region")).alias("region"),
-        F.when(with_vector, F.col("hb_vector")).alias("vector"),
-    ]
-
-
 def _last_at_heartbeat(column: Column, upto: Window) -> Column:
     return F.last(F.when(F.col("kind") == "HEARTBEAT", column), ignorenulls=True).over(upto)
 
@@ -73,9 +61,7 @@ def _resolved_ts(regions: list[str], upto: Window) -> Column:
 def annotate_segments(raw: DataFrame) -> DataFrame:
     """Every version-topic row with its segment, opening heartbeat, baseline, contribution and ``L(p)``."""
     rows = raw.where(F.col("kind") != "EXPORTER_POSITION").withColumn("contribution", contribution())
-    regions = region_universe(
-        raw.select(*_contributing_regions()), region_columns=["region"], vector_columns=["vector"]
-    )
+    regions = region_universe(rows, region_columns=["source_region"], vector_columns=["contribution"])
     upto = _by_offset().rowsBetween(Window.unboundedPreceding, Window.currentRow)
     before = _by_offset().rowsBetween(Window.unboundedPreceding, -1)
     annotated = rows.select(

@@ -116,24 +116,3 @@ def test_segment_summary_schema_accepts_the_output_and_rejects_a_bad_row(annotat
     assert validation_errors(HeartbeatSegmentSummary, summary) == []
     bad = summary.withColumn("heartbeats", F.lit(2).cast("long"))
     assert any(e.column == "heartbeats" for e in validation_errors(HeartbeatSegmentSummary, bad))
-
-
-def test_the_region_universe_is_the_regions_that_contribute(spark):
-    """Read off the raw columns, it is exactly the key set of every contribution, no more."""
-    from pipelines.segments import _contributing_regions, contribution
-    from pipelines.vectors import region_universe
-
-    rows = stream(
-        A,
-        "t",
-        [
-            {**sop(), "source_region": "dc-sop"},  # START_OF_PUSH contributes nothing
-            heartbeat("dc-x", 1, {A: 1, B: 0}, origin_ms=1, applied_ms=2),  # its vector, not dc-x
-            heartbeat("dc-y", 2, None, origin_ms=3, applied_ms=4),  # no vector: its own region
-            {**put("k1", "v1", "dc-z", 0), "hb_vector": {"dc-w": 1}},  # a data row: its region only
-        ],
-    )
-    raw = raw_frame(spark, rows)
-    from_maps = region_universe(raw.withColumn("contribution", contribution()), vector_columns=["contribution"])
-    read_off = region_universe(raw.select(*_contributing_regions()), region_columns=["region"], vector_columns=["vector"])
-    assert read_off == from_maps == [A, B, "dc-y", "dc-z"]
