@@ -35,7 +35,7 @@ def audit_trend(context: dg.AssetExecutionContext, spark: SparkResource, store: 
             **table_metadata(result, "audit_trend"),
             "preview": dg.MetadataValue.md(trend_markdown(rows)),
         },
-        check_results=[schema_check(session, store, "audit_trend", snapshot_id=None)],
+        check_results=[schema_check(session, store, "audit_trend", snapshot_id=None, rows=result.row_count)],
     )
 
 

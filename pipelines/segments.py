@@ -77,18 +77,13 @@ def annotate_segments(raw: DataFrame) -> DataFrame:
     return conform(annotated, HeartbeatSegments.to_structtype())
 
 
-def last_row_bounds() -> Column:
-    """What ``bound_after`` needs of a row: its ``L`` and its contribution (picked by ``max_by`` first)."""
-    return F.struct("applied_lower_bound", "contribution")
+def bound_after_last_row() -> Column:
+    """Aggregate: ``L`` just after a group's last row (its ``L`` joined with its contribution).
 
-
-def bound_after(row: Column) -> Column:
-    """``L`` just after a row: its ``L`` joined with its contribution (``row`` from ``last_row_bounds``).
-
-    Aggregations pick the last row first and join its two vectors once per group, not once
-    per row.
+    The last row's two vectors are picked first and joined once per group, not once per row.
     """
-    return vector_max(row["applied_lower_bound"], row["contribution"])
+    last = F.max_by(F.struct("applied_lower_bound", "contribution"), "offset")
+    return vector_max(last["applied_lower_bound"], last["contribution"])
 
 
 def summarize_segments(annotated: DataFrame) -> DataFrame:
@@ -109,9 +104,9 @@ def summarize_segments(annotated: DataFrame) -> DataFrame:
         count_of(kind == "HEARTBEAT").alias("heartbeats"),
         count_of(~kind.isin("PUT", "DELETE", "HEARTBEAT")).alias("other_rows"),
         F.max_by("baseline_vector", "offset").alias("baseline_vector"),
-        F.max_by(last_row_bounds(), "offset").alias("closing"),
+        bound_after_last_row().alias("closing_watermark"),
         F.max("opening_applied_ts_min_ms").alias("opening_applied_ts_min_ms"),
         F.max("opening_applied_ts_max_ms").alias("opening_applied_ts_max_ms"),
         F.max("resolved_ts_ms").alias("resolved_ts_ms"),
     )
-    return conform(summary.withColumn("closing_watermark", bound_after(F.col("closing"))), HeartbeatSegmentSummary.to_structtype())
+    return conform(summary, HeartbeatSegmentSummary.to_structtype())

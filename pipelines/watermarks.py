@@ -14,7 +14,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.segments import PARTITION_KEYS, bound_after, last_row_bounds
+from pipelines.segments import PARTITION_KEYS, bound_after_last_row
 from pipelines.vectors import conform, empty_vector, region_universe, running_max_single, vector_max
 from schemas.raw import DATA_KINDS
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
@@ -40,7 +40,7 @@ def _partition_bounds(annotated: DataFrame) -> DataFrame:
         (F.min_by("kind", "offset") == F.lit("START_OF_PUSH")).alias("starts_with_sop"),
         # min_by skips rows whose ordering value is null: only heartbeats with a vector compete.
         F.min_by("hb_vector", F.when(is_heartbeat_with_vector, F.col("offset"))).alias("first_hb_vector"),
-        F.max_by(last_row_bounds(), "offset").alias("last_row"),
+        bound_after_last_row().alias("end_lower_bound"),
         F.max_by("resolved_ts_ms", "offset").alias("resolved_ts_ms"),
         F.count(F.lit(1)).alias("rows"),
         count_of(kind == "PUT").alias("puts"),
@@ -48,11 +48,8 @@ def _partition_bounds(annotated: DataFrame) -> DataFrame:
         count_of(kind == "HEARTBEAT").alias("heartbeats"),
     )
     pre_history = F.when(F.col("starts_with_sop"), empty_vector()).otherwise(F.col("first_hb_vector"))
-    return bounds.select(
-        "*",
-        bound_after(F.col("last_row")).alias("end_lower_bound"),
-        pre_history.alias("pre_history_bound"),
-        pre_history.isNotNull().alias("pre_history_known"),
+    return bounds.withColumn("pre_history_bound", pre_history).withColumn(
+        "pre_history_known", F.col("pre_history_bound").isNotNull()
     )
 
 

@@ -187,17 +187,14 @@ def run_variant(name: str, workdir: Path, sim_config, spark, settings: dict, sam
         if stats.start_time is None or stats.end_time is None:
             continue
         base = stats.step_key
-        outputs = {
-            asset: int(meta.get("dagster/row_count", 0))
-            for asset, meta in audit.metadata.items()
-            if asset == base or _step_of(asset) == base
-        }
+        written = {asset: meta for asset, meta in audit.metadata.items() if _step_of(asset) == base}
+        outputs = {asset: int(meta.get("dagster/row_count", 0)) for asset, meta in written.items()}
         upstream = STEP_INPUTS.get(base)
         rows_in = rows if upstream is None else int(audit.value(upstream, "dagster/row_count", 0) or 0)
         tables = {
-            asset: {"write_seconds": meta.get("write_seconds"), "check_seconds": meta.get("check_seconds")}
-            for asset, meta in audit.metadata.items()
-            if (asset == base or _step_of(asset) == base) and "write_seconds" in meta
+            asset: {"write_seconds": meta["write_seconds"], "check_seconds": meta["check_seconds"]}
+            for asset, meta in written.items()
+            if "write_seconds" in meta
         }
         peak_py, peak_jvm = sampler.peak_mib(stats.start_time, stats.end_time)
         figures.steps.append(

@@ -43,12 +43,12 @@ def test_a_table_that_breaks_its_schema_fails_on_either_path(spark, store, rows)
     assert any(e["column"] == "offset" for e in errors), errors
 
 
-def test_materialize_stage_reports_its_timings_and_validates_what_it_wrote(spark, store):
+def test_materialize_stage_records_where_its_time_went_and_validates_what_it_wrote(spark, store):
     result = materialize_stage(spark, store, raw_frame(spark, _rows(5), "s1"), TABLE, "s1")
     assert result.metadata["dagster/row_count"] == 5
-    assert result.metadata["write_seconds"] >= 0 and result.metadata["check_seconds"] >= 0
+    assert {"write_seconds", "check_seconds"} <= set(result.metadata)
     (check,) = result.check_results
-    assert check.passed and check.metadata["validation_seconds"].value >= 0
+    assert check.passed
 
 
 def test_an_empty_table_is_written_and_passes_its_check(spark, store):
