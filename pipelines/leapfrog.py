@@ -81,8 +81,8 @@ def _replica_pairs(partition_wm: DataFrame) -> DataFrame:
         )
 
     pairs = side("a").join(side("b"), on=list(PART), how="inner").where(F.col("replica_a") < F.col("replica_b"))
-    # A small number standing for the pair in the comparison's wide frames: the rows sorted
-    # there stay narrow (measured: the rank sorts take about half the time with it).
+    # A small number standing for the pair in the comparison's wide frames, so that the rows
+    # sorted there carry one long instead of the pair's five columns.
     return pairs.select("*", F.row_number().over(Window.orderBy(*PAIR)).cast(T.LongType()).alias(PAIR_ID))
 
 
@@ -125,7 +125,7 @@ def _data_versions(row_watermarks: DataFrame) -> DataFrame:
     # Where the content next changes after this row (the end of the run this row is in):
     # the next run start. A lead that skips nulls finds it in one pass; a min over the frame
     # "1 following to unbounded following" would be recomputed for every row (quadratic in
-    # a key's versions: a hot key with 20 000 versions took seconds for this alone).
+    # a key's versions).
     next_run_start = F.expr("lead(run_start, 1) IGNORE NULLS").over(in_order)
     return indexed.select("*", run_starts.alias("run_start")).select(
         *PART,
@@ -276,8 +276,9 @@ def _witnesses(versions: DataFrame, pairs: DataFrame, row_watermarks: DataFrame,
         PAIR_ID, "key", "w_idx", F.when(differs_at_s, F.col("s")).otherwise(F.col("s_run_end")).alias("v_idx")
     )
     first = proving.groupBy(PAIR_ID, "key").agg(F.min(F.struct("w_idx", "v_idx")).alias("first"))
-    # Few rows (one per proven pair key): computed once, then looked up in the big frames
-    # by broadcast joins instead of shuffling those frames to meet them.
+    # One row per proven pair key, read three times below: computed once. Its size is known
+    # when it is joined, so adaptive execution broadcasts it when it is small (no hint: a
+    # replica that lost everything proves every key).
     witnesses = computed_once(
         first.select(PAIR_ID, "key", F.col("first.w_idx").alias("w_idx"), F.col("first.v_idx").alias("v_idx"))
     )
@@ -288,7 +289,7 @@ def _witnesses(versions: DataFrame, pairs: DataFrame, row_watermarks: DataFrame,
     )
     named = F.broadcast(pairs.select(PAIR_ID, *PAIR))
     picked = (
-        versions.join(F.broadcast(wanted), on=[PAIR_ID, "key", "side", "idx"], how="inner")
+        versions.join(wanted, on=[PAIR_ID, "key", "side", "idx"], how="inner")
         .join(named, on=PAIR_ID, how="inner")
         .select(
             PAIR_ID, "key", "side", "offset", "token", "touch", "reach", *PART,
@@ -297,7 +298,7 @@ def _witnesses(versions: DataFrame, pairs: DataFrame, row_watermarks: DataFrame,
     )
     # ⊥ has no row (and no value); a data version's value is the row's at its offset.
     values = row_watermarks.join(
-        F.broadcast(picked.where(F.col("offset").isNotNull()).select(*PART, "replica", "key", "offset").distinct()),
+        picked.where(F.col("offset").isNotNull()).select(*PART, "replica", "key", "offset").distinct(),
         on=[*PART, "replica", "key", "offset"],
         how="inner",
     ).select(*PART, "replica", "key", "offset", "value")
