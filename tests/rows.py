@@ -17,5 +17,6 @@ def raw_frame(spark: SparkSession, rows: Iterable[dict[str, Any]], snapshot_id: 
     return spark.createDataFrame(records, struct)
 
 
-# SPEC's shared examples sit beside the project folder (../shared/examples).
-SHARED_EXAMPLES = Path(__file__).resolve().parents[2] / "shared" / "examples"
+# Fixtures that ship with the repository: a two-region snapshot with injected faults
+# (two lost writes, one corrupted value) and the divergence reports it implies.
+EXAMPLES = Path(__file__).resolve().parent / "data"

@@ -9,9 +9,9 @@ from pyspark.sql import types as T
 from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from schemas.operations import StreamAnomalies
 from schemas.validation import validation_errors
-from tests.rows import SHARED_EXAMPLES, raw_frame
+from tests.rows import EXAMPLES, raw_frame
 
-EXAMPLE = SHARED_EXAMPLES / "two-regions" / "part-0.jsonl"
+EXAMPLE = EXAMPLES / "two-regions" / "part-0.jsonl"
 
 
 def frame(spark, rows):

@@ -13,9 +13,9 @@ from replica_lens.cli import main
 from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
 from schemas.registry import struct_for
-from tests.rows import SHARED_EXAMPLES
+from tests.rows import EXAMPLES
 
-EXAMPLE = SHARED_EXAMPLES
+EXAMPLE = EXAMPLES
 PER_SNAPSHOT_TABLES = (
     "raw_topic_snapshots",
     "raw_topic_quarantine",
@@ -48,8 +48,6 @@ def _table_counts(spark, warehouse: Path, snapshot_id: str) -> dict[str, int]:
 
 @pytest.fixture()
 def example_landing(tmp_path) -> Path:
-    if not (EXAMPLE / "two-regions").is_dir():
-        pytest.skip(f"shared example not found at {EXAMPLE}")
     landing = tmp_path / "landing"
     shutil.copytree(EXAMPLE / "two-regions", landing / "two-regions")
     return landing

@@ -8,7 +8,7 @@ from pyspark.sql import functions as F
 
 import assets.watermarks
 from replica_lens.audit import run_audit
-from tests.rows import SHARED_EXAMPLES
+from tests.rows import EXAMPLES
 
 SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
 
@@ -16,7 +16,7 @@ SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partiti
 @pytest.mark.slow
 def test_a_table_that_breaks_its_schema_blocks_the_divergence_stage(spark, tmp_path, monkeypatch):
     landing = tmp_path / "landing"
-    shutil.copytree(SHARED_EXAMPLES / "two-regions", landing / "two-regions")
+    shutil.copytree(EXAMPLES / "two-regions", landing / "two-regions")
     real = assets.watermarks.reconstruct_watermarks
 
     def broken(*args):  # a regression that writes negative offsets

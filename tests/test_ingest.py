@@ -21,9 +21,9 @@ from pipelines.ingest import (
 )
 from schemas.raw import MESSAGE_FIELDS, RawTopicQuarantine, RawTopicSnapshots
 from schemas.validation import validation_errors
-from tests.rows import SHARED_EXAMPLES
+from tests.rows import EXAMPLES
 
-EXAMPLE = SHARED_EXAMPLES / "two-regions"
+EXAMPLE = EXAMPLES / "two-regions"
 
 
 def sop(offset, replica="dc-a", **more):

@@ -30,10 +30,9 @@ from tests.reference_leapfrog import (
     stream,
     vmax,
 )
-from tests.rows import SHARED_EXAMPLES, raw_frame
+from tests.rows import EXAMPLES, raw_frame
 
 A, B, C = "dc-a", "dc-b", "dc-c"
-EXAMPLES = SHARED_EXAMPLES
 
 
 def sha(value: str) -> str:
