@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 
 from assets.partitions import snapshot_partitions
 from assets.previews import divergence_by_pair
-from assets.tables import materialize_stage, read_stage, schema_check_spec
+from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.leapfrog import compare_replicas
 from pipelines.state import StateRefused, carry_over, next_state, prior_state
 from resources.delta_store import DeltaStore
@@ -71,23 +71,22 @@ def divergence_reports(context: dg.AssetExecutionContext, spark: SparkResource, 
         "carried_from": dg.MetadataValue.json(prior.links),
     }
     reports, summary = compare_replicas(carried_rows, carried_partitions)
-    reports_result = materialize_stage(session, store, reports, "divergence_reports", snapshot_id)
-    summary_result = materialize_stage(session, store, summary, "divergence_summary", snapshot_id)
-    written_summary = read_stage(session, store, "divergence_summary", snapshot_id)
+    tables = StepTables(session, store, snapshot_id)
+    tables.stage(reports, "divergence_reports")
+    tables.stage(summary, "divergence_summary")
+    written_summary = tables.frame("divergence_summary")
     totals = verdict_totals(written_summary)
-    yield dg.MaterializeResult(
-        asset_key="divergence_reports",
-        metadata={
-            **reports_result.metadata,
+    tables.add_metadata(
+        "divergence_reports",
+        {
             **{f"keys_{k.lower()}": v for k, v in totals.items()},
             **carried,
             "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(written_summary)),
         },
-        check_results=reports_result.check_results,
     )
-    yield summary_result
     state = next_state(carried_rows, carried_partitions, prior.versions, prior.context)
-    yield materialize_stage(session, store, state, "replica_state", snapshot_id, extra_metadata=carried)
+    tables.stage(state, "replica_state", extra_metadata=carried)
+    yield from tables.publish()
 
 
 def verdict_totals(summary) -> dict[str, int]:

@@ -3,12 +3,11 @@
 import dagster as dg
 
 from assets.partitions import snapshot_partitions
-from assets.tables import materialize_stage, schema_check_spec
+from assets.tables import StepTables, schema_check_spec
 from pipelines.ingest import accounting_from_tables, list_snapshot_files, read_snapshot_lines, validate_rows
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource
-from schemas.registry import struct_for
 
 GROUP = "ingest"
 KINDS = {"spark", "delta"}
@@ -43,14 +42,11 @@ def raw_topic_snapshots(
     files = list_snapshot_files(folder)
     accepted, quarantined = validate_rows(read_snapshot_lines(session, folder), snapshot_id)
 
-    accepted_result = materialize_stage(session, store, accepted, "raw_topic_snapshots", snapshot_id)
-    quarantine_result = materialize_stage(session, store, quarantined, "raw_topic_quarantine", snapshot_id)
-
-    # Counted on the written tables, one aggregation each: no extra pass over the landing files.
-    counts = accounting_from_tables(
-        store.read_snapshot(session, "raw_topic_snapshots", snapshot_id, struct_for("raw_topic_snapshots")),
-        store.read_snapshot(session, "raw_topic_quarantine", snapshot_id, struct_for("raw_topic_quarantine")),
-    )
+    tables = StepTables(session, store, snapshot_id)
+    tables.stage(accepted, "raw_topic_snapshots")
+    tables.stage(quarantined, "raw_topic_quarantine")
+    # Counted on the staged tables (two narrow columns each): no extra pass over the landing files.
+    counts = accounting_from_tables(tables.frame("raw_topic_snapshots"), tables.frame("raw_topic_quarantine"))
     context.log.info(
         "snapshot %s: %s rows read = %s accepted + %s quarantined",
         snapshot_id,
@@ -58,26 +54,20 @@ def raw_topic_snapshots(
         counts["rows_accepted"],
         counts["rows_quarantined"],
     )
-    accounting = {
-        "rows_read": counts["rows_read"],
-        "rows_accepted": counts["rows_accepted"],
-        "rows_quarantined": counts["rows_quarantined"],
-        "duplicates_collapsed": counts["rows_accepted"] - counts["rows_stored"],
-        "files_read": len(files.data_files),
-        "files_not_read": dg.MetadataValue.json(files.other_files),
-        "by_replica": dg.MetadataValue.json(counts["by_replica"]),
-    }
-    yield dg.MaterializeResult(
-        asset_key="raw_topic_snapshots",
-        metadata={**accepted_result.metadata, **accounting},
-        check_results=accepted_result.check_results,
-    )
-    yield dg.MaterializeResult(
-        asset_key="raw_topic_quarantine",
-        metadata={
-            **quarantine_result.metadata,
+    tables.add_metadata(
+        "raw_topic_snapshots",
+        {
+            "rows_read": counts["rows_read"],
+            "rows_accepted": counts["rows_accepted"],
             "rows_quarantined": counts["rows_quarantined"],
-            "by_reason": dg.MetadataValue.json(counts["by_reason"]),
+            "duplicates_collapsed": counts["rows_accepted"] - counts["rows_stored"],
+            "files_read": len(files.data_files),
+            "files_not_read": dg.MetadataValue.json(files.other_files),
+            "by_replica": dg.MetadataValue.json(counts["by_replica"]),
         },
-        check_results=quarantine_result.check_results,
     )
+    tables.add_metadata(
+        "raw_topic_quarantine",
+        {"rows_quarantined": counts["rows_quarantined"], "by_reason": dg.MetadataValue.json(counts["by_reason"])},
+    )
+    yield from tables.publish()

@@ -6,7 +6,7 @@ from pyspark.sql import functions as F
 
 from assets.partitions import snapshot_partitions
 from assets.previews import compaction_holdbacks, worst_lagging
-from assets.tables import materialize_stage, read_stage, schema_check_spec
+from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
 from pipelines.lag import heartbeat_lag, lag_summary
@@ -46,13 +46,12 @@ def stream_anomalies(
     session = spark.spark_session
     bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
     anomalies = find_stream_anomalies(read_stage(session, store, "raw_topic_snapshots", snapshot_id), bounds)
-    result = materialize_stage(session, store, anomalies, "stream_anomalies", snapshot_id)
-    written = read_stage(session, store, "stream_anomalies", snapshot_id)
+    tables = StepTables(session, store, snapshot_id)
+    tables.stage(anomalies, "stream_anomalies")
+    written = tables.frame("stream_anomalies")
     by_kind = {r["anomaly"]: int(r["count"]) for r in written.groupBy("anomaly").count().collect()}
-    return dg.MaterializeResult(
-        metadata={**result.metadata, "by_anomaly": dg.MetadataValue.json(by_kind), **bounds.__dict__},
-        check_results=result.check_results,
-    )
+    tables.add_metadata("stream_anomalies", {"by_anomaly": dg.MetadataValue.json(by_kind), **bounds.__dict__})
+    yield from tables.publish()
 
 
 @dg.multi_asset(
@@ -78,16 +77,12 @@ def stream_anomalies(
 def replication_lag(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    per_heartbeat = heartbeat_lag(read_stage(session, store, "raw_topic_snapshots", snapshot_id))
-    yield materialize_stage(session, store, per_heartbeat, "heartbeat_lag", snapshot_id)
-    written = read_stage(session, store, "heartbeat_lag", snapshot_id)
-    summary = materialize_stage(session, store, lag_summary(written), "replication_lag", snapshot_id)
-    preview = worst_lagging(read_stage(session, store, "replication_lag", snapshot_id))
-    yield dg.MaterializeResult(
-        asset_key="replication_lag",
-        metadata={**summary.metadata, "worst_lagging": dg.MetadataValue.md(preview)},
-        check_results=summary.check_results,
-    )
+    tables = StepTables(session, store, snapshot_id)
+    tables.stage(heartbeat_lag(read_stage(session, store, "raw_topic_snapshots", snapshot_id)), "heartbeat_lag")
+    tables.stage(lag_summary(tables.frame("heartbeat_lag")), "replication_lag")
+    preview = worst_lagging(tables.frame("replication_lag"))
+    tables.add_metadata("replication_lag", {"worst_lagging": dg.MetadataValue.md(preview)})
+    yield from tables.publish()
 
 
 @dg.multi_asset(
@@ -125,16 +120,13 @@ def exporter_tables(context: dg.AssetExecutionContext, spark: SparkResource, sto
     snapshot_id = context.partition_key
     session = spark.spark_session
     raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
-    yield materialize_stage(session, store, exporter_positions(raw), "exporter_positions", snapshot_id)
-    yield materialize_stage(session, store, exporter_regressions(raw), "exporter_regressions", snapshot_id)
-    positions = read_stage(session, store, "exporter_positions", snapshot_id)
-    bounds = materialize_stage(session, store, compaction_bounds(raw, positions), "compaction_bounds", snapshot_id)
-    preview = compaction_holdbacks(read_stage(session, store, "compaction_bounds", snapshot_id))
-    yield dg.MaterializeResult(
-        asset_key="compaction_bounds",
-        metadata={**bounds.metadata, "holding_back_compaction": dg.MetadataValue.md(preview)},
-        check_results=bounds.check_results,
-    )
+    tables = StepTables(session, store, snapshot_id)
+    tables.stage(exporter_positions(raw), "exporter_positions")
+    tables.stage(exporter_regressions(raw), "exporter_regressions")
+    tables.stage(compaction_bounds(raw, tables.frame("exporter_positions")), "compaction_bounds")
+    preview = compaction_holdbacks(tables.frame("compaction_bounds"))
+    tables.add_metadata("compaction_bounds", {"holding_back_compaction": dg.MetadataValue.md(preview)})
+    yield from tables.publish()
 
 
 class LagBounds(dg.Config):

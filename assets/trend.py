@@ -2,11 +2,10 @@
 
 import dagster as dg
 
-from assets.tables import read_stage, schema_check, schema_check_spec, table_metadata
+from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.trend import audit_trend as build_trend
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
-from schemas.registry import struct_for
 
 TREND_ROWS_SHOWN = 20
 TREND_INPUTS = ("divergence_summary", "raw_topic_quarantine", "replication_lag", "stream_anomalies")
@@ -26,17 +25,13 @@ def audit_trend(context: dg.AssetExecutionContext, spark: SparkResource, store: 
     trend = build_trend(
         *(read_stage(session, store, table, None) for table in TREND_INPUTS),
     )
-    result = store.write_table(session, trend, "audit_trend", struct_for("audit_trend"))
-    written = store.read_all(session, "audit_trend", struct_for("audit_trend"))
-    rows = written.orderBy("snapshot_id").collect()[-TREND_ROWS_SHOWN:]
+    # The table spans snapshots: it is staged and replaced whole (snapshot None).
+    tables = StepTables(session, store, None)
+    tables.stage(trend, "audit_trend")
+    rows = tables.frame("audit_trend").orderBy("snapshot_id").collect()[-TREND_ROWS_SHOWN:]
     context.log.info("trend over %d snapshot(s)", len(rows))
-    return dg.MaterializeResult(
-        metadata={
-            **table_metadata(result, "audit_trend"),
-            "preview": dg.MetadataValue.md(trend_markdown(rows)),
-        },
-        check_results=[schema_check(session, store, "audit_trend", snapshot_id=None, rows=result.row_count)],
-    )
+    tables.add_metadata("audit_trend", {"preview": dg.MetadataValue.md(trend_markdown(rows))})
+    yield from tables.publish()
 
 
 def trend_markdown(rows) -> str:

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from assets.partitions import snapshot_partitions
-from assets.tables import materialize_stage, read_stage, schema_check_spec
+from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from resources.delta_store import DeltaStore
@@ -36,10 +36,10 @@ KINDS = {"spark", "delta"}
 def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    annotated = annotate_segments(read_stage(session, store, "raw_topic_snapshots", snapshot_id))
-    yield materialize_stage(session, store, annotated, "heartbeat_segments", snapshot_id)
-    written = read_stage(session, store, "heartbeat_segments", snapshot_id)
-    yield materialize_stage(session, store, summarize_segments(written), "heartbeat_segment_summary", snapshot_id)
+    tables = StepTables(session, store, snapshot_id)
+    tables.stage(annotate_segments(read_stage(session, store, "raw_topic_snapshots", snapshot_id)), "heartbeat_segments")
+    tables.stage(summarize_segments(tables.frame("heartbeat_segments")), "heartbeat_segment_summary")
+    yield from tables.publish()
 
 
 @dg.multi_asset(
@@ -66,9 +66,8 @@ def reconstructed_watermarks(context: dg.AssetExecutionContext, spark: SparkReso
     snapshot_id = context.partition_key
     session = spark.spark_session
     annotated = read_stage(session, store, "heartbeat_segments", snapshot_id)
+    tables = StepTables(session, store, snapshot_id)
     # The few partition rows first: P and L(end) of every data row are then read from them.
-    partitions = materialize_stage(session, store, partition_watermarks(annotated), "partition_watermarks", snapshot_id)
-    written = read_stage(session, store, "partition_watermarks", snapshot_id)
-    rows = reconstruct_watermarks(annotated, written)
-    yield materialize_stage(session, store, rows, "reconstructed_watermarks", snapshot_id)
-    yield partitions
+    tables.stage(partition_watermarks(annotated), "partition_watermarks")
+    tables.stage(reconstruct_watermarks(annotated, tables.frame("partition_watermarks")), "reconstructed_watermarks")
+    yield from tables.publish()

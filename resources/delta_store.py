@@ -28,14 +28,14 @@ import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import dagster as dg
 import pyarrow.parquet as pq
 from pydantic import Field
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -46,6 +46,7 @@ _SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
 # Commits that lose a race to a concurrent writer are retried this many times in all.
 _COMMIT_ATTEMPTS = 10
+_ROWS = "__staged_rows"
 
 
 class UnsafeNameError(ValueError):
@@ -65,6 +66,27 @@ def check_table_name(name: str) -> str:
     if not _TABLE_NAME.match(name):
         raise UnsafeNameError(f"refusing table name {name!r}")
     return name
+
+
+def _local_path(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+@dataclass(frozen=True)
+class StagedWrite:
+    """Parquet files written for a table but not yet committed: invisible to every reader."""
+
+    table: str
+    uri: str  # the table's
+    snapshot_id: Optional[str]  # None: the staged files replace the whole table
+    relative_dir: str  # the write's folder, relative to the table
+    struct: T.StructType
+    row_count: int
+    metrics: dict = field(default_factory=dict)  # the observed aggregates, by name
+
+    @property
+    def folder(self) -> str:
+        return f"{self.uri}/{self.relative_dir}"
 
 
 @dataclass(frozen=True)
@@ -135,66 +157,113 @@ class DeltaStore(dg.ConfigurableResource):
         self, spark: SparkSession, df: DataFrame, table: str, snapshot_id: str, struct: T.StructType
     ) -> WriteResult:
         """Replace ``snapshot_id``'s rows of ``table`` with ``df`` (shaped like ``struct``) atomically."""
-        check_snapshot_id(snapshot_id)
-        # The partition being written decides the snapshot of every row: no row can land elsewhere.
-        return self._write(spark, df.withColumn(PARTITION_COLUMN, F.lit(snapshot_id)), table, snapshot_id, struct)
+        return self.commit(spark, self.stage(spark, df, table, snapshot_id, struct))
 
     def write_table(self, spark: SparkSession, df: DataFrame, table: str, struct: T.StructType) -> WriteResult:
         """Replace every row of ``table`` (for tables that span snapshots) atomically."""
-        return self._write(spark, df, table, None, struct)
+        return self.commit(spark, self.stage(spark, df, table, None, struct))
 
-    def _write(
-        self, spark: SparkSession, df: DataFrame, table: str, snapshot_id: Optional[str], struct: T.StructType
-    ) -> WriteResult:
+    def stage(
+        self,
+        spark: SparkSession,
+        df: DataFrame,
+        table: str,
+        snapshot_id: Optional[str],
+        struct: T.StructType,
+        observe: Sequence[Column] = (),
+    ) -> StagedWrite:
+        """Write ``df``'s rows as Parquet files that no reader sees yet; ``observe`` aggregates ride along.
+
+        The files go to a fresh folder ``<table>/write-<uuid>`` (Hive-style by snapshot):
+        never named by the Delta log until ``commit``, so a crash or a ``discard`` leaves the
+        table as it was. ``observe`` are aggregate columns computed by the same Spark job that
+        writes (``DataFrame.observe``): the schema check's counts cost no pass of their own.
+        The row count is always observed. ``snapshot_id`` None stages a whole-table replacement.
+        """
+        if snapshot_id is not None:
+            check_snapshot_id(snapshot_id)
+            # The partition being written decides the snapshot of every row: no row can land elsewhere.
+            df = df.withColumn(PARTITION_COLUMN, F.lit(snapshot_id))
         df = df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields])
-        if self._engine(spark) == "native":
-            return self._write_native(spark, df, table, snapshot_id)
-        return self._write_embedded(df, table, snapshot_id, struct)
+        uri = self.table_uri(table)
+        relative_dir = f"write-{uuid.uuid4().hex}"
+        folder = f"{uri}/{relative_dir}"
+        observation = Observation()
+        observed = df.observe(observation, F.count(F.lit(1)).alias(_ROWS), *observe)
+        # (Not "_"-prefixed: VACUUM must be able to remove the files of a write that never committed.)
+        observed.write.mode("errorifexists").partitionBy(PARTITION_COLUMN).parquet(folder)
+        metrics = dict(observation.get)
+        return StagedWrite(
+            table=table,
+            uri=uri,
+            snapshot_id=snapshot_id,
+            relative_dir=relative_dir,
+            struct=struct,
+            row_count=int(metrics.pop(_ROWS)),
+            metrics=metrics,
+        )
 
-    def _write_native(
-        self, spark: SparkSession, df: DataFrame, table: str, snapshot_id: Optional[str]
-    ) -> WriteResult:
+    def read_staged(self, spark: SparkSession, staged: StagedWrite) -> DataFrame:
+        """The staged rows, before they are committed (a later table of the same step may be built from them)."""
+        if staged.row_count == 0:
+            return spark.createDataFrame([], staged.struct)
+        if staged.snapshot_id is None:
+            return spark.read.schema(staged.struct).parquet(staged.folder)
+        files = spark.read.schema(_without_partition(staged.struct)).parquet(
+            f"{staged.folder}/{PARTITION_COLUMN}={staged.snapshot_id}"
+        )
+        return files.withColumn(PARTITION_COLUMN, F.lit(staged.snapshot_id)).select(staged.struct.names)
+
+    def discard(self, staged: StagedWrite) -> None:
+        """Remove a staged write that must not be published."""
+        shutil.rmtree(_local_path(staged.folder), ignore_errors=True)
+
+    def commit(self, spark: SparkSession, staged: StagedWrite) -> WriteResult:
+        """Publish a staged write: the snapshot's (or table's) rows become exactly the staged ones, in one commit."""
+        try:
+            if self._engine(spark) == "native":
+                return self._commit_native(spark, staged)
+            return self._commit_embedded_files(staged)
+        except Exception:
+            self.discard(staged)
+            raise
+
+    def _commit_native(self, spark: SparkSession, staged: StagedWrite) -> WriteResult:
+        """delta-spark writes and commits in one go: the validated staged files are written again through it."""
         from delta.tables import DeltaTable as SparkDeltaTable
 
-        uri = self.table_uri(table)
+        df = self.read_staged(spark, staged)
         writer = df.write.format("delta").mode("overwrite").option("mergeSchema", "true").partitionBy(PARTITION_COLUMN)
-        if snapshot_id is not None:
-            writer = writer.option("replaceWhere", f"{PARTITION_COLUMN} = '{snapshot_id}'")
-        writer.save(uri)
-        last = SparkDeltaTable.forPath(spark, uri).history(1).collect()[0]
+        if staged.snapshot_id is not None:
+            writer = writer.option("replaceWhere", f"{PARTITION_COLUMN} = '{staged.snapshot_id}'")
+        writer.save(staged.uri)
+        self.discard(staged)
+        last = SparkDeltaTable.forPath(spark, staged.uri).history(1).collect()[0]
         metrics = last["operationMetrics"] or {}
         return WriteResult(
-            table_uri=uri,
+            table_uri=staged.uri,
             version=int(last["version"]),
-            row_count=int(metrics.get("numOutputRows", 0)),
+            row_count=int(metrics.get("numOutputRows", staged.row_count)),
             engine="native",
             files=int(metrics.get("numFiles", 0)),
         )
 
-    def _write_embedded(
-        self, df: DataFrame, table: str, snapshot_id: Optional[str], struct: T.StructType
-    ) -> WriteResult:
+    def _commit_embedded_files(self, staged: StagedWrite) -> WriteResult:
         from deltalake import DeltaTable
         from deltalake.transaction import AddAction
 
-        uri = self.table_uri(table)
-        arrow_schema = _arrow_schema(struct)
+        uri = staged.uri
+        arrow_schema = _arrow_schema(staged.struct)
         if not DeltaTable.is_deltatable(uri):
             try:
-                DeltaTable.create(uri, schema=arrow_schema, partition_by=[PARTITION_COLUMN], name=table)
+                DeltaTable.create(uri, schema=arrow_schema, partition_by=[PARTITION_COLUMN], name=staged.table)
             except Exception:  # noqa: BLE001 - a concurrent run created it first; use theirs
                 if not DeltaTable.is_deltatable(uri):
                     raise
-        # A fresh folder per write: files of a crashed or concurrent write are never mixed in.
-        # Spark writes the partition column into the folder name (Hive style), as Delta expects.
-        # (Not "_"-prefixed: VACUUM must be able to remove the files of a write that never committed.)
-        relative_dir = f"write-{uuid.uuid4().hex}"
-        local_target = f"{uri}/{relative_dir}".replace("file://", "")
-        df.write.mode("errorifexists").partitionBy(PARTITION_COLUMN).parquet(local_target)
-
         actions = []
         rows = 0
         now_ms = int(time.time() * 1000)
+        local_target = _local_path(staged.folder)
         for folder, _, names in os.walk(local_target):
             partition = os.path.basename(folder)
             for name in sorted(names):
@@ -207,7 +276,7 @@ class DeltaStore(dg.ConfigurableResource):
                 rows += num_rows
                 actions.append(
                     AddAction(
-                        path=f"{relative_dir}/{partition}/{name}",
+                        path=f"{staged.relative_dir}/{partition}/{name}",
                         size=os.path.getsize(path),
                         partition_values={PARTITION_COLUMN: value},
                         modification_time=now_ms,
@@ -215,11 +284,7 @@ class DeltaStore(dg.ConfigurableResource):
                         stats=json.dumps({"numRecords": num_rows}),
                     )
                 )
-        try:
-            version = self._commit_embedded(uri, actions, arrow_schema, snapshot_id)
-        except Exception:
-            shutil.rmtree(local_target, ignore_errors=True)
-            raise
+        version = self._commit_embedded(uri, actions, arrow_schema, staged.snapshot_id)
         return WriteResult(table_uri=uri, version=version, row_count=rows, engine="embedded", files=len(actions))
 
     @staticmethod

@@ -1,4 +1,4 @@
-"""A failing blocking schema check stops the stages downstream of it, and says why."""
+"""A table that fails its schema check is never published, and the stages downstream of it do not run."""
 from __future__ import annotations
 
 import shutil
@@ -8,25 +8,56 @@ from pyspark.sql import functions as F
 
 import assets.watermarks
 from replica_lens.audit import run_audit
+from resources.delta_store import DeltaStore
+from schemas.registry import struct_for
 from tests.rows import EXAMPLES
 
 SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
+SNAPSHOT = "two-regions"
 
 
 @pytest.mark.slow
-def test_a_table_that_breaks_its_schema_blocks_the_divergence_stage(spark, tmp_path, monkeypatch):
+def test_a_table_in_the_middle_that_breaks_its_schema_is_not_published_and_blocks_downstream(
+    spark, tmp_path, monkeypatch
+):
+    """Catches: a table committed before (or whatever) its check says; downstream reading a bad table.
+
+    A first audit publishes every table. A second audit of the same snapshot, with a
+    regression that writes negative offsets into reconstructed_watermarks (a stage in the
+    middle of the lineage), must fail naming the check and its violations, leave
+    reconstructed_watermarks and partition_watermarks (staged in the same step) at the
+    versions and rows of the first audit, and not run the divergence stage.
+    """
     landing = tmp_path / "landing"
-    shutil.copytree(EXAMPLES / "two-regions", landing / "two-regions")
+    warehouse = tmp_path / "warehouse"
+    shutil.copytree(EXAMPLES / SNAPSHOT, landing / SNAPSHOT)
+    first = run_audit(SNAPSHOT, str(landing), str(warehouse), **SETTINGS)
+    assert first.success, first.error
+    store = DeltaStore(warehouse_root=str(warehouse))
+    step_tables = ("reconstructed_watermarks", "partition_watermarks")
+    before = {t: store.version(t) for t in (*step_tables, "divergence_reports")}
+    offsets_before = sorted(
+        r["offset"] for r in store.read_snapshot(spark, "reconstructed_watermarks", SNAPSHOT,
+                                                 struct_for("reconstructed_watermarks")).collect()
+    )
+
     real = assets.watermarks.reconstruct_watermarks
 
     def broken(*args):  # a regression that writes negative offsets
         return real(*args).withColumn("offset", F.lit(-1).cast("bigint"))
 
     monkeypatch.setattr(assets.watermarks, "reconstruct_watermarks", broken)
-    audit = run_audit("two-regions", str(landing), str(tmp_path / "warehouse"), **SETTINGS)
+    audit = run_audit(SNAPSHOT, str(landing), str(warehouse), **SETTINGS)
 
     assert not audit.success
     assert "reconstructed_watermarks:matches_schema" in audit.failed_checks
-    assert "divergence_reports" not in audit.metadata  # never materialized from the bad table
+    assert audit.error and "reconstructed_watermarks:matches_schema" in audit.error
+    assert "offset" in audit.error and "greater_than_or_equal_to(0)" in audit.error
+    # Nothing of the failing step was committed: same versions, same rows.
+    assert {t: store.version(t) for t in (*step_tables, "divergence_reports")} == before
+    assert "reconstructed_watermarks" not in audit.metadata and "partition_watermarks" not in audit.metadata
+    after = store.read_snapshot(spark, "reconstructed_watermarks", SNAPSHOT, struct_for("reconstructed_watermarks"))
+    assert sorted(r["offset"] for r in after.collect()) == offsets_before
+    # Downstream did not run; stages beside it did.
+    assert "divergence_reports" not in audit.metadata
     assert "heartbeat_segments" in audit.metadata and "stream_anomalies" in audit.metadata
-    assert audit.error and "matches_schema" in audit.error

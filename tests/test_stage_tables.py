@@ -1,14 +1,17 @@
-"""The stage layer: every written table is read back and validated, on Spark or from a local copy."""
+"""The stage layer: tables are staged, validated by the job that writes them, and published together."""
 from __future__ import annotations
 
+import dagster as dg
 import pytest
 from pyspark.sql import functions as F
 
-from assets.tables import materialize_stage, schema_check
+from assets.tables import StepTables
 from resources.delta_store import DeltaStore
+from schemas.registry import struct_for
 from tests.rows import raw_frame
 
 TABLE = "raw_topic_snapshots"
+QUARANTINE = "raw_topic_quarantine"
 
 
 def _rows(n: int) -> list[dict]:
@@ -24,40 +27,86 @@ def store(tmp_path) -> DeltaStore:
     return DeltaStore(warehouse_root=str(tmp_path / "warehouse"), engine="embedded")
 
 
-# rows=None validates the table in Spark; a small count validates a local copy of it.
-@pytest.mark.parametrize("rows", [None, 3], ids=["spark", "local"])
-def test_a_table_that_matches_its_schema_passes_on_either_path(spark, store, rows):
-    store.write_snapshot(spark, raw_frame(spark, _rows(3), "s1"), TABLE, "s1", _struct())
-    result = schema_check(spark, store, TABLE, "s1", rows=rows)
-    assert result.passed
-    assert result.metadata["violations"].value == 0
+def _quarantine(spark, n: int):
+    rows = [("s1", "f.jsonl", "dc-a", "{}", "MISSING_FIELD", "kind") for _ in range(n)]
+    return spark.createDataFrame(rows, struct_for(QUARANTINE))
 
 
-@pytest.mark.parametrize("rows", [None, 3], ids=["spark", "local"])
-def test_a_table_that_breaks_its_schema_fails_on_either_path(spark, store, rows):
-    broken = raw_frame(spark, _rows(3), "s1").withColumn("offset", F.lit(-1).cast("bigint"))
-    store.write_snapshot(spark, broken, TABLE, "s1", _struct())
-    result = schema_check(spark, store, TABLE, "s1", rows=rows)
-    assert not result.passed
-    errors = result.metadata["errors"].value
-    assert any(e["column"] == "offset" for e in errors), errors
+def _offsets(spark, store) -> list[int]:
+    return sorted(r["offset"] for r in store.read_snapshot(spark, TABLE, "s1", struct_for(TABLE)).collect())
 
 
-def test_materialize_stage_records_where_its_time_went_and_validates_what_it_wrote(spark, store):
-    result = materialize_stage(spark, store, raw_frame(spark, _rows(5), "s1"), TABLE, "s1")
-    assert result.metadata["dagster/row_count"] == 5
-    assert {"write_seconds", "check_seconds"} <= set(result.metadata)
-    (check,) = result.check_results
-    assert check.passed
+def test_a_step_that_passes_publishes_every_table_with_its_check(spark, store):
+    """Catches: a table left staged (unpublished), a wrong row count, a check result missing or failed."""
+    tables = StepTables(spark, store, "s1")
+    tables.stage(raw_frame(spark, _rows(5), "s1"), TABLE)
+    tables.stage(_quarantine(spark, 2), QUARANTINE)
+    results = {r.asset_key.to_user_string(): r for r in tables.publish()}
+    assert set(results) == {TABLE, QUARANTINE}
+    assert results[TABLE].metadata["dagster/row_count"] == 5
+    assert results[QUARANTINE].metadata["dagster/row_count"] == 2
+    (check,) = results[TABLE].check_results
+    assert check.passed and check.metadata["rows_checked"].value == 5
+    assert _offsets(spark, store) == [0, 1, 2, 3, 4]
 
 
-def test_an_empty_table_is_written_and_passes_its_check(spark, store):
-    result = materialize_stage(spark, store, raw_frame(spark, [], "s1"), TABLE, "s1")
+def test_a_later_table_of_a_step_reads_the_staged_rows_before_anything_is_published(spark, store):
+    """Catches: ``frame`` reading the committed table (stale or absent) instead of the staged files."""
+    tables = StepTables(spark, store, "s1")
+    tables.stage(raw_frame(spark, _rows(4), "s1"), TABLE)
+    assert not store.exists(TABLE) or store.read_snapshot(spark, TABLE, "s1", struct_for(TABLE)).count() == 0
+    assert sorted(r["offset"] for r in tables.frame(TABLE).collect()) == [0, 1, 2, 3]
+    list(tables.publish())
+
+
+def test_a_table_that_breaks_its_schema_publishes_nothing_of_its_step(spark, store):
+    """Catches: a table committed before its check, or its step's other tables committed anyway."""
+    first = StepTables(spark, store, "s1")
+    first.stage(raw_frame(spark, _rows(3), "s1"), TABLE)
+    first.stage(_quarantine(spark, 1), QUARANTINE)
+    list(first.publish())
+    versions = {t: store.version(t) for t in (TABLE, QUARANTINE)}
+
+    second = StepTables(spark, store, "s1")
+    second.stage(raw_frame(spark, _rows(6), "s1"), TABLE)  # passes, but its step fails
+    broken = _quarantine(spark, 2).withColumn("reason", F.lit("NOT_A_REASON"))
+    second.stage(broken, QUARANTINE)
+    emitted = []
+    with pytest.raises(dg.Failure) as failure:
+        for result in second.publish():
+            emitted.append(result)
+    assert "raw_topic_quarantine:matches_schema" in failure.value.description
+    assert "reason" in failure.value.description
+    (check,) = emitted
+    assert isinstance(check, dg.AssetCheckResult) and not check.passed
+    assert check.metadata["violations"].value == 1
+    assert {t: store.version(t) for t in (TABLE, QUARANTINE)} == versions
+    assert _offsets(spark, store) == [0, 1, 2]
+    # The staged files of the failed step are gone, not left to be read or committed later.
+    table_dir = store.table_uri(TABLE)
+    import os
+
+    live = {p.split("/", 1)[0] for p in _live_paths(store, TABLE)}
+    assert {d for d in os.listdir(table_dir) if d.startswith("write-")} == live
+
+
+def test_an_empty_table_is_staged_checked_and_published(spark, store):
+    """Catches: an empty frame hanging on its observation or leaving the snapshot's old rows in place."""
+    list(_publish(spark, store, raw_frame(spark, _rows(2), "s1")))
+    (result,) = _publish(spark, store, raw_frame(spark, [], "s1"))
     assert result.metadata["dagster/row_count"] == 0
     assert result.check_results[0].passed
+    assert _offsets(spark, store) == []
 
 
-def _struct():
-    from schemas.registry import struct_for
+def _publish(spark, store, df):
+    tables = StepTables(spark, store, "s1")
+    tables.stage(df, TABLE)
+    return list(tables.publish())
 
-    return struct_for(TABLE)
+
+def _live_paths(store, table) -> list[str]:
+    from deltalake import DeltaTable
+    import pyarrow as pa
+
+    return pa.table(DeltaTable(store.table_uri(table)).get_add_actions(flatten=True)).column("path").to_pylist()
