@@ -63,7 +63,10 @@ def divergence_reports(context: dg.AssetExecutionContext, spark: SparkResource, 
         prior = prior_state(read_stage(session, store, "replica_state", None), partitions, snapshot_id)
     except StateRefused as refused:
         raise dg.Failure(description=str(refused), allow_retries=False) from refused
-    carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context)
+    if prior.links:
+        carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context)
+    else:  # a fresh stream everywhere: nothing to carry, the snapshot's own tables are the stream's
+        carried_rows, carried_partitions = rows, partitions
     carried = {
         "carried_partitions": len(prior.links),
         "carried_versions": prior.carried_versions,

@@ -4,7 +4,7 @@ import dagster as dg
 
 from assets.partitions import snapshot_partitions
 from assets.tables import StepTables, schema_check_spec
-from pipelines.ingest import accounting_from_tables, list_snapshot_files, read_snapshot_lines, validate_rows
+from pipelines.ingest import accounting_from_tables, judge_rows, list_snapshot_files, read_snapshot_lines
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource
@@ -40,11 +40,12 @@ def raw_topic_snapshots(
     session = spark.spark_session
     folder = landing.require_complete(snapshot_id)
     files = list_snapshot_files(folder)
-    accepted, quarantined = validate_rows(read_snapshot_lines(session, folder), snapshot_id)
+    judgement = judge_rows(read_snapshot_lines(session, folder), snapshot_id)
 
     tables = StepTables(session, store, snapshot_id)
-    tables.stage(accepted, "raw_topic_snapshots")
-    tables.stage(quarantined, "raw_topic_quarantine")
+    tables.stage(judgement.accepted, "raw_topic_snapshots")
+    # Known empty from the accepted pass when no row was bad: then it costs no second pass.
+    tables.stage(judgement.quarantine(), "raw_topic_quarantine")
     # Counted on the staged tables (two narrow columns each): no extra pass over the landing files.
     counts = accounting_from_tables(tables.frame("raw_topic_snapshots"), tables.frame("raw_topic_quarantine"))
     context.log.info(

@@ -55,7 +55,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.vectors import conform, dense, empty_vector, region_universe
+from pipelines.vectors import conform, dense, empty_vector, partition_regions
 from schemas.divergence import DivergenceReports, DivergenceSummary
 
 ABSENT = "ABSENT"
@@ -376,8 +376,8 @@ def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
 
 def compare_replicas(row_watermarks: DataFrame, partition_wm: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Leap Frog over every replica pair: (``divergence_reports``, ``divergence_summary``)."""
-    # Only regions that appear in some U can fail a comparison; any other compares -1 <= anything.
-    regions = region_universe(row_watermarks, vector_columns=["touch_bound"])
+    # Every region some U can name (a superset is safe: a region no U names compares -1 <= anything).
+    regions = partition_regions(partition_wm)
     pairs = computed_once(_replica_pairs(partition_wm))
     # Later steps read the indexed versions (once per pair their replica is in, through a
     # broadcast join with the few pairs) and the pair keys several times, and reports and

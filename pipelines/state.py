@@ -74,7 +74,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.vectors import conform, region_universe, running_max_single, sparse, vector_max
+from pipelines.vectors import conform, partition_regions, running_max_single, sparse, vector_max
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
@@ -343,7 +343,7 @@ def carry_over(
         .join(stream, on=["previous_snapshot_id", *rp], how="inner")
     )
 
-    regions = region_universe(row_wm, region_columns=["source_region"])
+    regions = partition_regions(parts)
     by_key = Window.partitionBy("snapshot_id", *rp, "key").orderBy("offset")
     upto = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     touched = running_max_single(F.col("source_region"), F.col("source_offset"), regions, upto)
@@ -419,7 +419,7 @@ def next_state(
         .join(ctx.select("previous_snapshot_id", *rp), on=["previous_snapshot_id", *rp], how="inner")
         .drop("previous_snapshot_id")
     )
-    regions = region_universe(row_wm, region_columns=["source_region"])
+    regions = partition_regions(partition_wm)
     last = F.struct(*[F.col(c) for c in ("offset", "kind", "value", "value_hash", "source_region", "source_offset",
                                          "write_ts")])
     per_key = row_wm.groupBy("snapshot_id", *rp, "key").agg(

@@ -61,6 +61,25 @@ def region_universe(df: DataFrame, region_columns: Iterable[str] = (), vector_co
     return sorted(r["region"] for r in names.where(F.col("region").isNotNull()).distinct().collect())
 
 
+def partition_regions(partition_wm: DataFrame) -> list[str]:
+    """Sorted regions any vector of these replica partitions can name: the keys of ``L(end)`` and ``P``.
+
+    ``L(end)`` is the componentwise max of every contribution of a dump (each data row's
+    ``{source_region: source_offset}``, each heartbeat's vector or component), so its keys
+    are every region a row of the partition names; ``P`` is one of its heartbeat vectors, or
+    the carried stream's. Read off ``partition_watermarks`` (one row per replica partition),
+    the universe costs no scan of the rows. A superset is always safe where it is used: a
+    region no vector names compares as missing (``-1``) on both sides.
+    """
+    rows = partition_wm.select(
+        F.array_union(
+            F.coalesce(F.map_keys("end_lower_bound"), F.array().cast(T.ArrayType(T.StringType()))),
+            F.coalesce(F.map_keys("pre_history_bound"), F.array().cast(T.ArrayType(T.StringType()))),
+        ).alias("regions")
+    ).collect()
+    return sorted({region for row in rows for region in row["regions"]})
+
+
 def dense(vector: Column, regions: Sequence[str]) -> Column:
     """``array<bigint>`` over ``regions`` with ``-1`` for a missing component (null stays null)."""
     if not regions:

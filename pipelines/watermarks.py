@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.segments import PARTITION_KEYS, bound_after_last_row
-from pipelines.vectors import conform, empty_vector, region_universe, running_max_single, vector_max
+from pipelines.vectors import conform, empty_vector, partition_regions, running_max_single, vector_max
 from schemas.raw import DATA_KINDS
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
@@ -66,10 +66,9 @@ def reconstruct_watermarks(annotated: DataFrame, partitions: DataFrame | None = 
     few rows instead of another aggregation over every row.
     """
     data = annotated.where(F.col("kind").isin(*DATA_KINDS))
-    regions = region_universe(data, region_columns=["source_region"])
-    bounds = (partitions if partitions is not None else _partition_bounds(annotated)).select(
-        *PARTITION_KEYS, "pre_history_bound", "end_lower_bound"
-    )
+    partitions = partitions if partitions is not None else _partition_bounds(annotated)
+    regions = partition_regions(partitions)
+    bounds = partitions.select(*PARTITION_KEYS, "pre_history_bound", "end_lower_bound")
     by_key = Window.partitionBy(*PARTITION_KEYS, "key").orderBy("offset")
     touched = running_max_single(
         F.col("source_region"),
