@@ -318,13 +318,7 @@ def _clock_uncertainty(vt: DataFrame, bound_ms: int) -> DataFrame:
 
 def find_stream_anomalies(raw: DataFrame, bounds: AnomalyBounds = AnomalyBounds()) -> DataFrame:
     """Every stream anomaly of SPEC section 5 in ``raw`` (rows shaped like raw_topic_snapshots)."""
-    # Every rule's window is partitioned by the stream's keys (some by a column more):
-    # hashed by the stream once, each branch of the union reuses that one exchange and
-    # only sorts its own partitions locally, instead of reading and shuffling the rows
-    # once per rule.
-    vt = raw.where(F.col("offset").isNotNull() & (F.col("kind") != "EXPORTER_POSITION")).repartition(
-        *PARTITION_KEYS
-    )
+    vt = raw.where(F.col("offset").isNotNull() & (F.col("kind") != "EXPORTER_POSITION"))
     parts = [
         _heartbeat_regressions(vt),
         _data_beyond_heartbeat(vt),
