@@ -81,6 +81,11 @@ def _column(name: str) -> Column:
 def data_rules(model) -> list[DataRule]:
     """Every data rule the pandera ``model`` declares, as a Spark condition; raises on a check with no compiled form."""
     schema = model.to_schema()
+    if schema.checks or schema.unique:
+        raise NotImplementedError(
+            f"{schema.name}: model-wide rules (dataframe checks, unique) have no one-pass form; "
+            "add them to schemas/validation.py"
+        )
     rules: list[DataRule] = []
     for name, column in schema.columns.items():
         value = _column(name)
@@ -143,10 +148,14 @@ class TableValidation:
         ]
 
     def _checkable(self, struct: T.StructType) -> set[int]:
-        # A mistyped or missing column is a structure violation already; its value rules are not run.
+        # A missing column is a structure violation already. A mistyped one is too, and its value
+        # checks are not run on the wrong type; whether it holds nulls does not depend on its type.
         declared = {f.name: f.dataType for f in self.model.to_structtype().fields}
         found = {f.name: f.dataType for f in struct.fields}
-        return {i for i, rule in enumerate(self.rules) if found.get(rule.column) == declared[rule.column]}
+        return {
+            i for i, rule in enumerate(self.rules)
+            if rule.column in found and (rule.reason == "SERIES_CONTAINS_NULLS" or found[rule.column] == declared[rule.column])
+        }
 
     def violations(self, struct: T.StructType, metrics: Mapping[str, Any]) -> list[SchemaViolation]:
         """Every violation, from ``struct`` and the computed ``aggregates``."""
