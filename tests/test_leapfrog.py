@@ -11,6 +11,7 @@ import hashlib
 import json
 
 import pytest
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipelines.leapfrog import compare_replicas
@@ -31,6 +32,7 @@ from tests.reference_leapfrog import (
     vmax,
 )
 from tests.rows import EXAMPLES, raw_frame
+from tests.spark_work import measure_work
 
 A, B, C = "dc-a", "dc-b", "dc-c"
 
@@ -362,54 +364,147 @@ def test_divergence_summary_schema_accepts_the_output_and_rejects_a_bad_row(stag
     assert any(e.column == "divergent" for e in validation_errors(DivergenceSummary, bad))
 
 
-# A hot key: thousands of versions per replica must not be paired with each other.
-HOT_VERSIONS = 2000
+# A hot key: one key written N times (from dc-a, offsets 0..N-1) in both replicas, at two
+# sizes (N and 2N, a topic each). Its first half is tight: a heartbeat every 100 writes bounds
+# every version closely, and dc-b's version N/4 is corrupted: the earliest proof. Its second
+# half arrives after a heartbeat that already covers every write: there every version of one
+# replica overlaps every version of the other, and any two with different contents prove a
+# divergence (N^2/6 proving pairs): the worst case for a comparison that pairs versions, even
+# one that keeps only the pairs that prove something.
+HOT_VERSIONS = 10_000
+# The deliberately quadratic control pairs every 10th version only (N^2 / 100 pairs), to stay cheap.
+PAIRED_SAMPLE = 10
+# work(2N) / work(N): linear work doubles (fixed costs make it a little less), pairing quadruples.
+# Adaptive execution may plan the same comparison a little differently from run to run (seen:
+# +-10% rows at one size), which the margin absorbs.
+LINEAR_GROWTH_LIMIT = 3.0
 
 
-def hot_key_rows() -> list[dict]:
-    def messages(corrupt_at: int | None) -> list[dict]:
-        out = [sop()]
-        for i in range(HOT_VERSIONS):
-            value = f"v{i % 3}" + ("-corrupt" if i == corrupt_at else "")
-            out.append(put("hot", value, A, i))
-            if i % 100 == 99:
-                out.append(heartbeat(A, i, {A: i}))
-        return out + [heartbeat(A, HOT_VERSIONS, {A: HOT_VERSIONS})]
+def hot_key_messages(versions: int, corrupt_at: int | None = None) -> list[dict]:
+    def write(i: int) -> dict:
+        return put("hot", f"v{i % 3}" + ("-corrupt" if i == corrupt_at else ""), A, i)
 
-    return stream(A, "hot", messages(None)) + stream(B, "hot", messages(HOT_VERSIONS - 10))
-
-
-def _largest_operator_output(plan) -> int:
-    """The most rows any operator of an executed physical plan produced."""
-    largest, stack = 0, [plan]
-    while stack:
-        node = stack.pop()
-        rows = node.metrics().get("numOutputRows")
-        if rows.isDefined():
-            largest = max(largest, int(rows.get().value()))
-        children = node.children()
-        stack.extend(children.apply(i) for i in range(children.size()))
-    return largest
+    tight = []
+    for i in range(versions // 2):
+        tight.append(write(i))
+        if i % 100 == 99:
+            tight.append(heartbeat(A, i, {A: i}))
+    covered = [write(i) for i in range(versions // 2, versions)]
+    return [sop(), *tight, heartbeat(A, versions, {A: versions}), *covered]
 
 
-def test_a_hot_key_is_compared_without_pairing_all_its_versions(spark):
-    annotated = annotate_segments(raw_frame(spark, hot_key_rows())).localCheckpoint()
-    reports, _ = compare_replicas(
-        reconstruct_watermarks(annotated).localCheckpoint(), partition_watermarks(annotated).localCheckpoint()
+def hot_key_rows(topic: str, versions: int) -> list[dict]:
+    return stream(A, topic, hot_key_messages(versions)) + stream(
+        B, topic, hot_key_messages(versions, corrupt_at=versions // 4)
     )
-    plan = reports._jdf.queryExecution().optimizedPlan().toString()
-    assert "Cartesian" not in plan and "Join Cross" not in plan
-    # Without adaptive execution the executed plan is fixed, so its operators' row counts can be read.
-    adaptive = spark.conf.get("spark.sql.adaptive.enabled")
-    spark.conf.set("spark.sql.adaptive.enabled", "false")
-    try:
-        found = reports.collect()
-        executed = reports._jdf.queryExecution().executedPlan()
-        physical = executed.toString()
-        largest = _largest_operator_output(executed)
-    finally:
-        spark.conf.set("spark.sql.adaptive.enabled", adaptive)
-    assert [(r["key"], r["verdict"], r["witness_offset_b"]) for r in found] == [("hot", "DIVERGENT", 2010)]
-    assert "BroadcastNestedLoopJoin" not in physical and "CartesianProduct" not in physical
-    # Linear: a few rows per version and region (4,000 versions here); pairing would make 4,000,000.
-    assert largest < 20 * 2 * HOT_VERSIONS
+
+
+def expected_hot_report(rows: list[dict], versions: int) -> tuple:
+    """(verdict, witness offsets a and b, witness values a and b), as tests/reference_leapfrog.py finds them."""
+    corrupted = next(r for r in rows if (r.get("value") or "").endswith("-corrupt"))["offset"]
+    value = f"v{versions // 4 % 3}"
+    # Both dumps have the same layout: dc-a holds the same write at the same offset.
+    return ("DIVERGENT", corrupted, corrupted, value, f"{value}-corrupt")
+
+
+def pair_every_version(row_watermarks: DataFrame) -> DataFrame:
+    """Deliberately quadratic: the SPEC's definition as one join.
+
+    Every version of dc-a is paired with every version of dc-b of the same key, the proof
+    test is the join's condition, and an aggregate keeps the earliest proof per key: the
+    obvious Spark reading of SPEC section 4, and the bug the hot-key test exists to catch.
+    The hot key's vectors have one region, so one component of U and M decides.
+    """
+
+    def side(replica: str, s: str) -> DataFrame:
+        return row_watermarks.where(F.col("replica") == replica).select(
+            "topic", "partition", "key",
+            F.col("offset").alias(f"offset_{s}"), F.col("value_hash").alias(f"token_{s}"),
+            F.col("touch_bound")[A].alias(f"u_{s}"), F.col("reach")[A].alias(f"m_{s}"),
+        )
+
+    proves = (F.col("token_a") != F.col("token_b")) & (F.col("u_b") <= F.col("m_a")) & (F.col("u_a") <= F.col("m_b"))
+    return (
+        side(A, "a").join(side(B, "b"), on=["topic", "partition", "key"]).where(proves)
+        .groupBy("topic", "partition", "key").agg(F.min(F.struct("offset_b", "offset_a")).alias("first"))
+    )
+
+
+def next_offset_by_scanning_ahead(row_watermarks: DataFrame) -> DataFrame:
+    """Deliberately quadratic in CPU, linear in rows: a min over "1 following to unbounded following".
+
+    Spark aggregates such a frame anew for every row; b886d1b replaced exactly this (the
+    next run start) with a lead that skips nulls.
+    """
+    ahead = Window.partitionBy("topic", "partition", "replica", "key").orderBy("offset")
+    return row_watermarks.select(F.min("offset").over(ahead.rowsBetween(1, Window.unboundedFollowing)))
+
+
+def test_a_hot_key_is_compared_with_work_linear_in_its_versions(spark):
+    """Twice the versions of a hot key make Spark process about twice the rows, and the verdict is right.
+
+    The bug it catches: a compare_replicas that pairs the versions of a key, e.g. a join of
+    dc-a's and dc-b's versions on the key with the proof test as the join's condition (as
+    ``pair_every_version`` does), a cross join, or one row per version in every overlap
+    range. On the hot key's second half any of these makes ~N^2 rows, so the work grows
+    about four-fold when N doubles, however small the result. Also an aggregate over a
+    window frame running to the partition's end (quadratic CPU with linear rows, which no
+    row count shows): such frames in any executed plan are reported. And a wrong answer:
+    the key is DIVERGENT with the reference's witness, dc-b's corrupted version.
+
+    The work is what Spark's own metrics say every job did while compare_replicas ran and
+    its outputs were collected, checkpoints included (``tests/spark_work.py``): the plan of
+    its result only reads the last checkpoint. Only compare_replicas' signature and outputs
+    are relied on, so any near-linear implementation passes. Both controls run under the
+    same measurement and are flagged by it, or the measurement would prove nothing.
+    """
+    # The expected witness is the reference's (which pairs versions: checked on a small instance).
+    small = hot_key_rows("small", 400)
+    finding = reference_verdicts([{**r, "snapshot_id": "t"} for r in small])[("small", 0, A, B, "hot")]
+    witness_a, witness_b = finding.witness_a, finding.witness_b
+    assert (finding.verdict, witness_a.offset, witness_b.offset, witness_a.value, witness_b.value) == (
+        expected_hot_report(small, 400)
+    )
+
+    sizes = (HOT_VERSIONS, 2 * HOT_VERSIONS)
+    topic = {n: f"hot_{n}" for n in sizes}
+    rows = {n: hot_key_rows(topic[n], n) for n in sizes}
+    annotated = annotate_segments(raw_frame(spark, [r for n in sizes for r in rows[n]])).localCheckpoint()
+    partition_wm = partition_watermarks(annotated).localCheckpoint()
+    row_wm = reconstruct_watermarks(annotated, partition_wm).localCheckpoint()
+
+    compared, paired = {}, {}
+    for n in sizes:
+        # Each size's inputs saved on their own, so that reading them counts for that size only.
+        versions, partitions = (f.where(F.col("topic") == topic[n]).localCheckpoint() for f in (row_wm, partition_wm))
+        with measure_work(spark) as work:
+            reports, summary = compare_replicas(versions, partitions)
+            found = reports.collect()
+            counts = summary.collect()
+        compared[n] = work
+        expected = expected_hot_report(rows[n], n)
+        witness = ("verdict", "witness_offset_a", "witness_offset_b", "witness_value_a", "witness_value_b")
+        assert [(r["key"], *(r[c] for c in witness)) for r in found] == [("hot", *expected)]
+        assert [(c["keys_compared"], c["divergent"]) for c in counts] == [(1, 1)]
+        sample = versions.where(F.col("touch_bound")[A] % PAIRED_SAMPLE == 0).localCheckpoint()
+        with measure_work(spark) as work:
+            proofs = pair_every_version(sample).collect()
+        paired[n] = work
+        # The control compares for real: its earliest proof (among every 10th version) is the same.
+        assert [(p["first"]["offset_a"], p["first"]["offset_b"]) for p in proofs] == [expected[1:3]]
+
+    def growth(work: dict) -> float:
+        return work[sizes[1]].rows / work[sizes[0]].rows
+
+    numbers = "\n".join(
+        f"{name} at {n:,} versions: {work[n]}"
+        for name, work in (("compare_replicas", compared), ("pairing control", paired))
+        for n in sizes
+    )
+    assert growth(compared) < LINEAR_GROWTH_LIMIT, numbers
+    assert growth(paired) > LINEAR_GROWTH_LIMIT, numbers
+    assert [frame for n in sizes for frame in compared[n].window_frames] == []
+
+    with measure_work(spark) as scanning:
+        next_offset_by_scanning_ahead(row_wm.where(F.col("touch_bound")[A] < 500)).collect()
+    assert scanning.window_frames == ["specifiedwindowframe(RowFrame, 1, unboundedfollowing$())"]
