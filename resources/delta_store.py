@@ -55,7 +55,7 @@ class UnsafeNameError(ValueError):
 
 def check_snapshot_id(snapshot_id: str) -> str:
     """Return ``snapshot_id`` if it matches SPEC section 1, else raise ``UnsafeNameError``."""
-    if not isinstance(snapshot_id, str) or not _SNAPSHOT_ID.match(snapshot_id):
+    if not isinstance(snapshot_id, str) or not _SNAPSHOT_ID.fullmatch(snapshot_id):
         raise UnsafeNameError(
             f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}"
         )
@@ -63,7 +63,7 @@ def check_snapshot_id(snapshot_id: str) -> str:
 
 
 def check_table_name(name: str) -> str:
-    if not _TABLE_NAME.match(name):
+    if not _TABLE_NAME.fullmatch(name):
         raise UnsafeNameError(f"refusing table name {name!r}")
     return name
 

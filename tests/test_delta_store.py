@@ -74,7 +74,7 @@ def test_an_empty_result_empties_the_snapshot(spark, store):
     assert store.read_snapshot(spark, "raw_topic_snapshots", "s1", STRUCT).count() == 0
 
 
-@pytest.mark.parametrize("bad", ["../x", "a/b", ".hidden", "", "x" * 129, "a b", "-lead"])
+@pytest.mark.parametrize("bad", ["../x", "a/b", ".hidden", "", "x" * 129, "a b", "-lead", "snap\n"])
 def test_unsafe_snapshot_ids_are_refused_before_any_path_is_built(spark, store, bad):
     with pytest.raises(UnsafeNameError):
         check_snapshot_id(bad)
