@@ -1,59 +1,128 @@
-"""The code location loads, every job resolves, and every asset says what it is."""
+"""The code location loads, every job resolves to what it should run, and every asset says what it is."""
 from __future__ import annotations
 
 import dagster as dg
 
+from assets.partitions import SNAPSHOTS
 from replica_lens.definitions import build_definitions, defs
 
 STAGE_GROUPS = {"ingest", "watermarks", "divergence", "operations", "trend"}
+# The tables of the README, one asset each; all but the trend are per snapshot.
+PER_SNAPSHOT_ASSETS = {
+    "raw_topic_snapshots",
+    "raw_topic_quarantine",
+    "heartbeat_segments",
+    "heartbeat_segment_summary",
+    "reconstructed_watermarks",
+    "partition_watermarks",
+    "divergence_reports",
+    "divergence_summary",
+    "replica_state",
+    "stream_anomalies",
+    "heartbeat_lag",
+    "replication_lag",
+    "exporter_positions",
+    "exporter_regressions",
+    "compaction_bounds",
+}
+ASSETS = PER_SNAPSHOT_ASSETS | {"audit_trend"}
+# The non-schema checks, none of them blocking: a divergence or a slow replica is a finding, not a broken table.
+FINDING_CHECKS = {
+    ("divergence_reports", "no_proven_divergence"),
+    ("replication_lag", "lag_within_bounds"),
+    ("exporter_positions", "exporters_within_bounds"),
+}
+ENV_SETTINGS = {
+    ("spark", "master"): "REPLICA_LENS_SPARK_MASTER",
+    ("spark", "delta_jars_dir"): "REPLICA_LENS_DELTA_JARS",
+    ("store", "warehouse_root"): "REPLICA_LENS_WAREHOUSE",
+    ("landing", "root"): "REPLICA_LENS_LANDING",
+}
 
 
-def test_the_code_location_loads_and_every_job_resolves():
-    repository = defs.get_repository_def()
-    job_names = {job.name for job in repository.get_all_jobs()}
-    assert {"audit_snapshot", "refresh_trend"} <= job_names
-    for name in job_names:
-        assert defs.resolve_job_def(name) is not None
+def _keys(keys) -> set[str]:
+    return {key.to_user_string() for key in keys}
+
+
+def test_the_code_location_loads_with_exactly_its_jobs_sensors_and_schedule():
     dg.Definitions.validate_loadable(defs)
+    repository = defs.get_repository_def()
+    # Dagster adds its implicit asset job; every other job is one of ours.
+    assert {job.name for job in repository.get_all_jobs()} - {"__ASSET_JOB"} == {"audit_snapshot", "refresh_trend"}
+    assert {sensor.name for sensor in repository.sensor_defs} == {"landing_sensor", "trend_after_audit"}
+    assert {schedule.name for schedule in repository.schedule_defs} == {"reaudit_newest_snapshot"}
+    for name in ("audit_snapshot", "refresh_trend"):
+        job = defs.resolve_job_def(name)
+        assert job.name == name
+        # One process per run: Spark starts once and every step shares its JVM.
+        assert job.executor_def is dg.in_process_executor, name
+    # Materializations launched from the UI (outside the jobs) too.
+    assert defs.executor is dg.in_process_executor
 
 
 def test_every_asset_has_a_group_a_description_and_kinds():
     specs = list(defs.resolve_all_asset_specs())
-    assert specs, "no assets loaded"
+    assert _keys(spec.key for spec in specs) == ASSETS
     for spec in specs:
         assert spec.group_name in STAGE_GROUPS, spec.key
         assert spec.description and "\n" not in spec.description.strip(), spec.key
         assert {"spark", "delta"} <= set(spec.kinds), spec.key
+    per_snapshot = {spec.key.to_user_string() for spec in specs if spec.partitions_def is not None}
+    assert per_snapshot == PER_SNAPSHOT_ASSETS
 
 
-def test_every_table_asset_has_a_blocking_schema_check():
-    checks = {key for key in defs.resolve_asset_graph().asset_check_keys}
-    for spec in defs.resolve_all_asset_specs():
-        assert dg.AssetCheckKey(spec.key, "matches_schema") in checks, spec.key
-    assert dg.AssetCheckKey(dg.AssetKey("divergence_reports"), "no_proven_divergence") in checks
+def test_every_table_asset_has_a_blocking_schema_check_and_the_findings_do_not_block():
+    graph = defs.resolve_asset_graph()
+    checks = {(key.asset_key.to_user_string(), key.name): graph.get_check_spec(key) for key in graph.asset_check_keys}
+    assert set(checks) == {(asset, "matches_schema") for asset in ASSETS} | FINDING_CHECKS
+    for (asset, name), spec in checks.items():
+        # A broken table must stop the stages downstream of it; a finding must not.
+        assert spec.blocking is (name == "matches_schema"), (asset, name)
 
 
 def test_the_audit_job_covers_every_per_snapshot_asset_and_runs_in_one_process():
     job = defs.resolve_job_def("audit_snapshot")
-    assert job.executor_def is dg.in_process_executor
-    assert job.partitions_def is not None
-    selected = {key.to_user_string() for key in job.asset_layer.selected_asset_keys}
-    per_snapshot = {
-        spec.key.to_user_string() for spec in defs.resolve_all_asset_specs() if spec.partitions_def is not None
-    }
-    assert per_snapshot and selected == per_snapshot
+    assert isinstance(job.partitions_def, dg.DynamicPartitionsDefinition) and job.partitions_def.name == SNAPSHOTS
+    assert _keys(job.asset_layer.selected_asset_keys) == PER_SNAPSHOT_ASSETS
+    # The trend reads every snapshot: its own unpartitioned job, started after each audit.
+    trend = defs.resolve_job_def("refresh_trend")
+    assert trend.partitions_def is None
+    assert _keys(trend.asset_layer.selected_asset_keys) == {"audit_trend"}
 
 
-def test_sensors_and_schedule_run_by_default():
-    for sensor in ("landing_sensor", "trend_after_audit"):
-        assert defs.resolve_sensor_def(sensor).default_status == dg.DefaultSensorStatus.RUNNING
+def test_sensors_and_schedule_target_their_jobs_and_run_by_default():
+    landing = defs.resolve_sensor_def("landing_sensor")
+    assert landing.job_name == "audit_snapshot" and landing.minimum_interval_seconds == 30
+    assert landing.required_resource_keys == {"landing"}
+    trend = defs.resolve_sensor_def("trend_after_audit")
+    assert isinstance(trend, dg.RunStatusSensorDefinition) and trend.job_name == "refresh_trend"
+    for sensor in (landing, trend):
+        assert sensor.default_status == dg.DefaultSensorStatus.RUNNING, sensor.name
     schedule = defs.resolve_schedule_def("reaudit_newest_snapshot")
+    assert (schedule.job_name, schedule.cron_schedule) == ("audit_snapshot", "0 * * * *")
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
 
 
-def test_explicit_settings_build_the_same_graph(tmp_path):
+def test_resource_settings_come_from_the_environment_when_a_run_starts(tmp_path, monkeypatch):
+    # Nothing is read at import time: the loaded resources hold the variables, not their values.
+    for (resource, field), variable in ENV_SETTINGS.items():
+        setting = getattr(defs.resources[resource], field)
+        assert isinstance(setting, dg.EnvVar) and setting.env_var_name == variable, (resource, field, setting)
+    # ...and they resolve to the environment's values when the resources are built (Spark is not started here).
+    monkeypatch.setenv("REPLICA_LENS_LANDING", str(tmp_path / "landing-from-env"))
+    monkeypatch.setenv("REPLICA_LENS_WAREHOUSE", str(tmp_path / "warehouse-from-env"))
+    with dg.build_resources({name: defs.resources[name] for name in ("landing", "store")}) as built:
+        assert built.landing.root == str(tmp_path / "landing-from-env")
+        assert built.store.warehouse_root == str(tmp_path / "warehouse-from-env")
+
+
+def test_explicit_settings_build_the_same_graph_with_those_values(tmp_path):
     explicit = build_definitions(
         landing_root=str(tmp_path / "landing"), warehouse_root=str(tmp_path / "wh"), spark_master="local[1]",
         delta_jars_dir=None,
     )
     assert {s.key for s in explicit.resolve_all_asset_specs()} == {s.key for s in defs.resolve_all_asset_specs()}
+    assert explicit.resolve_asset_graph().asset_check_keys == defs.resolve_asset_graph().asset_check_keys
+    assert explicit.resources["landing"].root == str(tmp_path / "landing")
+    assert explicit.resources["store"].warehouse_root == str(tmp_path / "wh")
+    assert explicit.resources["spark"].master == "local[1]" and explicit.resources["spark"].delta_jars_dir is None
