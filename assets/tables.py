@@ -101,7 +101,7 @@ class StepTables:
         )
         self._staged[table] = _Staged(
             staged=staged,
-            violations=validation.violations(struct, {**staged.metrics, TableValidation.ROWS: staged.row_count}),
+            violations=validation.violations(struct, staged.metrics),
             stage_seconds=round(time.perf_counter() - started, 2),
             rules=len(validation.rules),
             extra_metadata=dict(extra_metadata or {}),

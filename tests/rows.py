@@ -20,3 +20,23 @@ def raw_frame(spark: SparkSession, rows: Iterable[dict[str, Any]], snapshot_id: 
 # Fixtures that ship with the repository: a two-region snapshot with injected faults
 # (two lost writes, one corrupted value) and the divergence reports it implies.
 EXAMPLES = Path(__file__).resolve().parent / "data"
+
+
+# Every table written per snapshot (the README's tables but the cross-snapshot audit_trend).
+PER_SNAPSHOT_TABLES = (
+    "raw_topic_snapshots",
+    "raw_topic_quarantine",
+    "heartbeat_segments",
+    "heartbeat_segment_summary",
+    "reconstructed_watermarks",
+    "partition_watermarks",
+    "divergence_reports",
+    "divergence_summary",
+    "replica_state",
+    "stream_anomalies",
+    "heartbeat_lag",
+    "replication_lag",
+    "exporter_positions",
+    "exporter_regressions",
+    "compaction_bounds",
+)

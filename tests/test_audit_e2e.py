@@ -13,25 +13,9 @@ from replica_lens.cli import main
 from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
 from schemas.registry import struct_for
-from tests.rows import EXAMPLES
+from tests.rows import EXAMPLES, PER_SNAPSHOT_TABLES
 
 EXAMPLE = EXAMPLES
-PER_SNAPSHOT_TABLES = (
-    "raw_topic_snapshots",
-    "raw_topic_quarantine",
-    "heartbeat_segments",
-    "heartbeat_segment_summary",
-    "reconstructed_watermarks",
-    "partition_watermarks",
-    "divergence_reports",
-    "divergence_summary",
-    "stream_anomalies",
-    "heartbeat_lag",
-    "replication_lag",
-    "exporter_positions",
-    "exporter_regressions",
-    "compaction_bounds",
-)
 SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
 
 

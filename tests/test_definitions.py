@@ -5,26 +5,11 @@ import dagster as dg
 
 from assets.partitions import SNAPSHOTS
 from replica_lens.definitions import build_definitions, defs
+from tests.rows import PER_SNAPSHOT_TABLES
 
 STAGE_GROUPS = {"ingest", "watermarks", "divergence", "operations", "trend"}
 # The tables of the README, one asset each; all but the trend are per snapshot.
-PER_SNAPSHOT_ASSETS = {
-    "raw_topic_snapshots",
-    "raw_topic_quarantine",
-    "heartbeat_segments",
-    "heartbeat_segment_summary",
-    "reconstructed_watermarks",
-    "partition_watermarks",
-    "divergence_reports",
-    "divergence_summary",
-    "replica_state",
-    "stream_anomalies",
-    "heartbeat_lag",
-    "replication_lag",
-    "exporter_positions",
-    "exporter_regressions",
-    "compaction_bounds",
-}
+PER_SNAPSHOT_ASSETS = set(PER_SNAPSHOT_TABLES)
 ASSETS = PER_SNAPSHOT_ASSETS | {"audit_trend"}
 # The non-schema checks, none of them blocking: a divergence or a slow replica is a finding, not a broken table.
 FINDING_CHECKS = {
