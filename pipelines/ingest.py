@@ -89,7 +89,6 @@ _JSON_OPTIONS = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false"
 _STRING_FIELDS = tuple(name for name, t in MESSAGE_FIELDS.items() if isinstance(t, T.StringType))
 _MESSAGE_STRUCT = T.StructType([T.StructField(name, t) for name, t in MESSAGE_FIELDS.items()])
 _FIELD_MAP = T.MapType(T.StringType(), T.VariantType())
-_POSITION = ("replica", "topic", "partition", "offset")
 
 
 @dataclass(frozen=True)
@@ -303,10 +302,19 @@ def _bad_type(name: str) -> Column:
 
 
 def _field_flags(fields: Column, typed: Column) -> list[Column]:
-    """Per field, once per row: is it there (not null), and does its JSON token not fit its type."""
+    """Per field, once per row: is it there (not null), and does its JSON token not fit its type.
+
+    ``fields`` is the line's map of every field to its JSON token (a variant). A JSON null is
+    the same as an absent field. The map is only looked up here, never rebuilt or iterated:
+    Spark evaluates map functions with lambdas (``map_filter``, ``exists``) without code
+    generation, reading every entry through a path that is costly per element (it looked up
+    the session configuration per entry in a profile of 2M rows), while a lookup by key is
+    generated code.
+    """
     flags = []
     for name, data_type in MESSAGE_FIELDS.items():
-        present = F.coalesce(F.map_contains_key(fields, name), F.lit(False))
+        token = fields[name]  # null when absent
+        present = token.isNotNull() & ~F.is_variant_null(token)
         # A string field parses from any JSON token (an object becomes its text), so its
         # token type is read on the variant; a number or map field is null in the typed
         # parse when its token does not fit (a string "5", 5.0, an overflow, a non-integer
@@ -394,12 +402,22 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
             wrapped.alias("wrapped"),
         )
         .select("*", F.when(F.size("wrapped") == 1, F.col("wrapped")[0]).alias("all_fields"))
-        # A JSON null is the same as an absent field.
-        .select("*", F.map_filter("all_fields", lambda _k, v: ~F.is_variant_null(v)).alias("fields"))
     )
-    fields, typed = F.col("fields"), F.col("typed")
+    fields, typed = F.col("all_fields"), F.col("typed")
+    # Whether the line names a field SPEC 1 does not have: it has more fields than known ones.
+    # A lookup is null only for an absent key (a JSON null is a variant null); the lookups
+    # are the ones _field_flags makes, so the generated code looks each field up once.
+    known_fields = sum(fields[name].isNotNull().cast(T.IntegerType()) for name in MESSAGE_FIELDS)
     flagged = (
-        parsed.select("source_file", "raw", "read_error", "typed", "all_fields", "fields", *_field_flags(fields, typed))
+        parsed.select(
+            "source_file",
+            "raw",
+            "read_error",
+            "typed",
+            "all_fields",
+            *_field_flags(fields, typed),
+            (F.size(fields) > known_fields).alias("has_extra_fields"),
+        )
         # The kind, when it is a JSON string: what decides the fields a row needs.
         .select("*", F.when(_present("kind") & ~_bad_type("kind"), typed["kind"]).alias("kind_text"))
     )
@@ -410,6 +428,7 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
         "read_error",
         "typed",
         "all_fields",
+        "has_extra_fields",
         F.when(_present("replica") & ~_bad_type("replica"), typed["replica"]).alias("raw_replica"),
         *[text.alias(f"problems_{code}") for code, text in listed.items()],
     )
@@ -428,13 +447,14 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
         .when(malformed, F.lit("not a single JSON object (invalid JSON, another JSON value, or several on one line)"))
         .otherwise(F.concat_ws("; ", *found))
     )
+    # Built only for the (rare) lines that have extra fields: map_filter is not generated code.
     extras = F.map_filter(F.col("all_fields"), lambda k, _v: ~k.isin(list(MESSAGE_FIELDS)))
     return with_problems.select(
         F.lit(snapshot_id).alias("snapshot_id"),
         "source_file",
         "raw",
         *[typed[name].alias(name) for name in MESSAGE_FIELDS],
-        F.when(F.size(extras) > 0, F.transform_values(extras, lambda _k, v: F.to_json(v))).alias("extra_fields"),
+        F.when(F.col("has_extra_fields"), F.transform_values(extras, lambda _k, v: F.to_json(v))).alias("extra_fields"),
         "raw_replica",
         reason.alias("reason"),
         detail.alias("detail"),
@@ -501,15 +521,16 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     own_problems = Observation()
     conflicts = Observation()
 
-    # The position leads the content (replica, topic, partition, offset come first), so
-    # one sort by content and file serves both windows, and the exchange by position
-    # clusters each distinct content too. Maps take part as their sorted entries.
-    position = ["snapshot_id", *_POSITION]
-    rest = [n for n in content_names if n not in position]
+    # The position leads the content, so one sort by content and file serves both windows,
+    # and the exchange by position clusters each distinct content too. Maps take part as
+    # their sorted entries. The offset leads the sort, since the sort compares rows by a
+    # prefix of their first column first; snapshot_id, the same on every row, is left out.
+    position = ["offset", "replica", "topic", "partition"]
+    rest = [n for n in content_names if n not in position and n != "snapshot_id"]
     at_position = Window.partitionBy(*position).orderBy(*rest, "source_file").rowsBetween(
         Window.unboundedPreceding, Window.unboundedFollowing
     )
-    same_content = Window.partitionBy(*content_names).orderBy("source_file")
+    same_content = Window.partitionBy(*position, *rest).orderBy("source_file")
     content = F.struct(*[F.col(n) for n in rest])
 
     def compare_candidates(rows: DataFrame) -> DataFrame:
