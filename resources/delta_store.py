@@ -191,7 +191,15 @@ class DeltaStore(dg.ConfigurableResource):
         observation = Observation()
         observed = df.observe(observation, F.count(F.lit(1)).alias(_ROWS), *observe)
         # (Not "_"-prefixed: VACUUM must be able to remove the files of a write that never committed.)
-        observed.write.mode("errorifexists").partitionBy(PARTITION_COLUMN).parquet(folder)
+        if snapshot_id is None:
+            observed.write.mode("errorifexists").partitionBy(PARTITION_COLUMN).parquet(folder)
+        else:
+            # Every row is the one snapshot's: its files go straight into the partition's folder
+            # (Hive-style, as partitionBy names it; a safe id needs no escaping). A partitioned
+            # write would first sort every row by the partition column.
+            observed.drop(PARTITION_COLUMN).write.mode("errorifexists").parquet(
+                f"{folder}/{PARTITION_COLUMN}={snapshot_id}"
+            )
         metrics = dict(observation.get)
         return StagedWrite(
             table=table,

@@ -174,8 +174,10 @@ def _new_write_folders(uri: Path, before: set[str]) -> list[Path]:
 
 
 def _parquet_being_written(uri: Path, before: set[str]) -> bool:
-    # Spark's tasks write under _temporary until the job commits.
-    return any(True for folder in _new_write_folders(uri, before) for _ in (folder / "_temporary").rglob("*.parquet"))
+    # Spark's tasks write under _temporary (in the partition's folder) until the job commits.
+    return any(
+        "_temporary" in path.parts for folder in _new_write_folders(uri, before) for path in folder.rglob("*.parquet")
+    )
 
 
 def _parquet_committed_by_spark(uri: Path, before: set[str]) -> bool:
