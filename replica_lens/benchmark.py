@@ -95,7 +95,6 @@ PROCESS_RATIO_TARGETS = {"uniform": 3.0, "tiny": 2.5}
 # the last 1000 of each by default, fewer than an audit runs at 2M rows). Bookkeeping only:
 # nothing else differs from the audit's session. A session started before the benchmark
 # (the tests' one) keeps its limits; then ``spark.complete`` says whether any were dropped.
-STATUS_RETENTION = {"spark.ui.retainedJobs": "1000000", "spark.ui.retainedStages": "1000000"}
 
 # Per-table timings a materialization may carry (what each covers is said where it is
 # measured, assets/tables.py); the benchmark copies those present.
@@ -600,7 +599,7 @@ def benchmark(
     variant (their medians are reported); 0 skips them (floors and per-step figures only).
     """
     from replica_lens.simulator import SimulationConfig
-    from resources.spark import build_spark_session
+    from resources.spark import STATUS_RETENTION, build_spark_session
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

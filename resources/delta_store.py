@@ -53,6 +53,11 @@ class UnsafeNameError(ValueError):
     """A snapshot id or table name that must never be used in a path."""
 
 
+def _snapshot_folder(write_folder: str, snapshot_id: str) -> str:
+    """Where a write's files of one snapshot go: Hive-style, as ``partitionBy`` would name it (safe ids need no escaping)."""
+    return f"{write_folder}/{PARTITION_COLUMN}={snapshot_id}"
+
+
 def check_snapshot_id(snapshot_id: str) -> str:
     """Return ``snapshot_id`` if it matches SPEC section 1, else raise ``UnsafeNameError``."""
     if not isinstance(snapshot_id, str) or not _SNAPSHOT_ID.fullmatch(snapshot_id):
@@ -197,9 +202,7 @@ class DeltaStore(dg.ConfigurableResource):
             # Every row is the one snapshot's: its files go straight into the partition's folder
             # (Hive-style, as partitionBy names it; a safe id needs no escaping). A partitioned
             # write would first sort every row by the partition column.
-            observed.drop(PARTITION_COLUMN).write.mode("errorifexists").parquet(
-                f"{folder}/{PARTITION_COLUMN}={snapshot_id}"
-            )
+            observed.drop(PARTITION_COLUMN).write.mode("errorifexists").parquet(_snapshot_folder(folder, snapshot_id))
         metrics = dict(observation.get)
         return StagedWrite(
             table=table,
@@ -218,7 +221,7 @@ class DeltaStore(dg.ConfigurableResource):
         if staged.snapshot_id is None:
             return spark.read.schema(staged.struct).parquet(staged.folder)
         files = spark.read.schema(_without_partition(staged.struct)).parquet(
-            f"{staged.folder}/{PARTITION_COLUMN}={staged.snapshot_id}"
+            _snapshot_folder(staged.folder, staged.snapshot_id)
         )
         return files.withColumn(PARTITION_COLUMN, F.lit(staged.snapshot_id)).select(staged.struct.names)
 

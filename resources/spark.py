@@ -23,6 +23,13 @@ from pyspark.sql import SparkSession
 
 from resources.tuning import DEFAULT_DRIVER_MEMORY, DEFAULT_SHUFFLE_PARTITIONS
 
+# For sessions that read their own work back from the JVM's status stores (the benchmark, the
+# tests that count Spark jobs): Spark keeps only the last 1,000 jobs, stages and SQL executions
+# by default and would drop part of a long run. Bookkeeping only; no effect on the work done.
+STATUS_RETENTION = {
+    key: "1000000" for key in ("spark.ui.retainedJobs", "spark.ui.retainedStages", "spark.sql.ui.retainedExecutions")
+}
+
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 

@@ -382,6 +382,24 @@ def test_unknown_extra_fields_are_kept_as_json_text(messy):
     assert plain[0]["extra_fields"] is None
 
 
+def test_null_valued_fields_are_told_apart_from_extra_fields(spark):
+    """A known field set to JSON null is absent, not extra; an unknown field set to null is extra.
+
+    Bug caught: extra fields found by counting the line's keys against the known ones, with
+    a null-valued known field left out of the count (a spurious ``{}`` of extras) or a
+    null-valued unknown field left out of the line's keys (its extra lost).
+    """
+    known_null = {**put(1), "hb_vector": None, "write_ts": None}
+    unknown_null = {**put(2), "note": None}
+    lines = spark.createDataFrame(
+        [("x.jsonl", json.dumps(row)) for row in (known_null, unknown_null)], "source_file string, raw string"
+    )
+    accepted, quarantined = validate_rows(lines, "s1")
+    assert quarantined.count() == 0
+    extras = {r["offset"]: r["extra_fields"] for r in accepted.collect()}
+    assert extras == {1: None, 2: {"note": "null"}}
+
+
 def test_exact_duplicate_is_accepted_once_and_counted(messy):
     (dup,) = [a for a in messy["accepted"] if a["key"] == "dup"]
     assert (dup["copies"], dup["source_file"]) == (2, "a.jsonl")
