@@ -599,11 +599,12 @@ def benchmark(
     variant (their medians are reported); 0 skips them (floors and per-step figures only).
     """
     from replica_lens.simulator import SimulationConfig
+    from resources.errors import InvalidSetting
     from resources.spark import STATUS_RETENTION, build_spark_session
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
-        raise ValueError(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
+        raise InvalidSetting(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
     # This process's JVM starts once, before any measurement; every variant reuses it.
     spark = build_spark_session(master="local[*]", shuffle_partitions=shuffle_partitions, extra=STATUS_RETENTION)
     base = Path(workdir or tempfile.mkdtemp(prefix="replica-lens-bench-"))

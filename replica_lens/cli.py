@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -12,6 +13,7 @@ from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
 EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DIVERGENCE = 3
+EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug, not the user's mistake
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -70,9 +72,11 @@ def _benchmark(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replica-lens", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true", help="on an unexpected error, print the whole traceback")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    sim = commands.add_parser("simulate", help="write a seeded, simulated raw topic snapshot folder")
+    sim = commands.add_parser("simulate", parents=[common], help="write a seeded, simulated raw topic snapshot folder")
     sim.add_argument("--out", required=True, help="landing folder to write the snapshot folder into")
     sim.add_argument("--snapshot-id", help="name of the snapshot folder (default: sim-<seed>)")
     from replica_lens.simulator import add_arguments
@@ -80,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(sim)
     sim.set_defaults(handler=_simulate)
 
-    audit = commands.add_parser("audit", help="audit every complete snapshot (or the one named) through Dagster")
+    audit = commands.add_parser(
+        "audit", parents=[common], help="audit every complete snapshot (or the one named) through Dagster"
+    )
     audit.add_argument("--landing", required=True, help="landing folder holding snapshot folders")
     audit.add_argument("--warehouse", required=True, help="folder for the Delta tables, one per asset")
     audit.add_argument("--snapshot-id", help="audit only this snapshot")
@@ -102,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "benchmark",
+        parents=[common],
         help="time the audit as a process against the essential pass, and per asset step against the floors",
     )
     bench.add_argument("--rows", type=int, default=2_000_000, help="version-topic rows to simulate per variant (not tiny)")
@@ -126,12 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from resources.errors import UsageError
+
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ValueError, FileNotFoundError) as error:  # bad ids, missing snapshots: a message, not a traceback
+    except UsageError as error:  # bad ids, settings, missing snapshots: what to change, no traceback
         print(f"replica-lens: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except Exception as error:  # noqa: BLE001 - anything else is a bug: say so in one line
+        if args.verbose:
+            traceback.print_exc()
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        print(
+            f"replica-lens: internal error ({type(error).__name__}: {first_line}); this is a bug, not a problem "
+            "with your input: re-run with --verbose for the traceback and report it",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

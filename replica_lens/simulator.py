@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from resources.errors import InvalidSetting
+
 __all__ = [
     "SimulationConfig",
     "SnapshotExistsError",
@@ -114,9 +116,9 @@ class SimulationConfig:
     def __post_init__(self) -> None:
         for name in ("regions", "topics", "partitions", "keys", "heartbeat_every", "rows_per_file"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise InvalidSetting(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.regions > 26 * 27:
-            raise ValueError(f"regions must be at most {26 * 27}")
+            raise InvalidSetting(f"regions must be at most {26 * 27}")
         for name in (
             "writes", "exporters", "lost_writes", "corrupted_values", "duplicate_deliveries", "lag_messages",
             "conflicting_writes", "failover_clock_behind", "failover_behind_ms", "heartbeat_under_report", "rewind",
@@ -124,37 +126,37 @@ class SimulationConfig:
             "clock_uncertainty_ms",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+                raise InvalidSetting(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("hot_key_fraction", "hot_write_share", "delete_fraction"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} must be within [0, 1], got {getattr(self, name)}")
+                raise InvalidSetting(f"{name} must be within [0, 1], got {getattr(self, name)}")
         if self.write_interval_ms <= 0 or self.replication_delay_ms < 0:
-            raise ValueError("write_interval_ms must be positive and replication_delay_ms not negative")
+            raise InvalidSetting("write_interval_ms must be positive and replication_delay_ms not negative")
         if self.exporter_report_every < 1:
-            raise ValueError("exporter_report_every must be at least 1")
+            raise InvalidSetting("exporter_report_every must be at least 1")
         if self.rewind_span < 1:
-            raise ValueError("rewind_span must be at least 1")
+            raise InvalidSetting("rewind_span must be at least 1")
         if self.file_format not in FILE_FORMATS:
-            raise ValueError(f"file_format must be one of {', '.join(FILE_FORMATS)}, got {self.file_format!r}")
+            raise InvalidSetting(f"file_format must be one of {', '.join(FILE_FORMATS)}, got {self.file_format!r}")
         if self.mid_stream_from is not None and self.mid_stream_from < 0:
-            raise ValueError("mid_stream_from must not be negative")
+            raise InvalidSetting("mid_stream_from must not be negative")
         if self.lagging_replica is not None and self.lagging_replica not in region_names(self.regions):
-            raise ValueError(
+            raise InvalidSetting(
                 f"lagging_replica {self.lagging_replica!r} is not one of {', '.join(region_names(self.regions))}"
             )
         if self.conflicting_writes and self.regions < 2:
-            raise ValueError("conflicting_writes needs at least two regions")
+            raise InvalidSetting("conflicting_writes needs at least two regions")
         if self.failover_clock_behind and self.failover_behind_ms < 1:
-            raise ValueError("failover_behind_ms must be at least 1 for failover_clock_behind")
+            raise InvalidSetting("failover_behind_ms must be at least 1 for failover_clock_behind")
         if self.wide_clock_interval and self.wide_clock_ms <= self.clock_uncertainty_ms:
-            raise ValueError("wide_clock_ms must exceed clock_uncertainty_ms for wide_clock_interval")
+            raise InvalidSetting("wide_clock_ms must exceed clock_uncertainty_ms for wide_clock_interval")
         if self.stalled_heartbeat and self.stall_ms < 1:
-            raise ValueError("stall_ms must be at least 1 for stalled_heartbeat")
+            raise InvalidSetting("stall_ms must be at least 1 for stalled_heartbeat")
         if self.exporter_regression and not self.exporters:
-            raise ValueError("exporter_regression needs at least one exporter")
+            raise InvalidSetting("exporter_regression needs at least one exporter")
 
 
-class SnapshotExistsError(ValueError):
+class SnapshotExistsError(InvalidSetting):
     """The snapshot folder is already there (pass overwrite=True to replace it)."""
 
 
@@ -1106,7 +1108,7 @@ def simulate(out_dir: str | Path, snapshot_id: str, config: SimulationConfig, *,
     """Write ``<out_dir>/<snapshot_id>/`` (data files, then ``_SUCCESS``) and
     ``<out_dir>/<snapshot_id>.ground_truth.json``; return a summary of what was written."""
     if not isinstance(snapshot_id, str) or not SNAPSHOT_ID.fullmatch(snapshot_id):
-        raise ValueError(f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
+        raise InvalidSetting(f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
     if not isinstance(config, SimulationConfig):
         raise TypeError("config must be a SimulationConfig")
     config.__post_init__()  # fields may have been changed after construction

@@ -39,6 +39,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from resources.errors import InvalidSetting
 from resources.spark import has_native_delta
 
 PARTITION_COLUMN = "snapshot_id"
@@ -49,7 +50,7 @@ _COMMIT_ATTEMPTS = 10
 _ROWS = "__staged_rows"
 
 
-class UnsafeNameError(ValueError):
+class UnsafeNameError(InvalidSetting):
     """A snapshot id or table name that must never be used in a path."""
 
 
@@ -149,7 +150,7 @@ class DeltaStore(dg.ConfigurableResource):
                 "set SparkResource.delta_jars_dir (REPLICA_LENS_DELTA_JARS) to a folder with the Delta jars"
             )
         if self.engine not in ("auto", "native"):
-            raise ValueError(f"unknown Delta engine {self.engine!r}: use auto, native or embedded")
+            raise InvalidSetting(f"unknown Delta engine {self.engine!r}: use auto, native or embedded")
         return "native" if native else "embedded"
 
     def exists(self, table: str) -> bool:

@@ -14,6 +14,7 @@ import dagster as dg
 from pydantic import Field
 
 from resources.delta_store import UnsafeNameError, check_snapshot_id
+from resources.errors import SnapshotNotReady
 
 SUCCESS_MARKER = "_SUCCESS"
 
@@ -48,9 +49,9 @@ class LandingZone(dg.ConfigurableResource):
         """The folder of a complete snapshot, or a clear error."""
         path = self.snapshot_path(snapshot_id)
         if not os.path.isdir(path):
-            raise FileNotFoundError(f"snapshot {snapshot_id!r} not found in the landing folder {self.root}")
+            raise SnapshotNotReady(f"snapshot {snapshot_id!r} not found in the landing folder {self.root}")
         if not os.path.isfile(os.path.join(path, SUCCESS_MARKER)):
-            raise FileNotFoundError(
+            raise SnapshotNotReady(
                 f"snapshot {snapshot_id!r} is incomplete (no {SUCCESS_MARKER} in {path}): it is not read until it is"
             )
         return path
