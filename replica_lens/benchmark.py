@@ -91,11 +91,6 @@ VARIANTS: dict[str, VariantSpec] = {
 # at ~2M rows (at other sizes the ratio is shown against it, for orientation only).
 PROCESS_RATIO_TARGETS = {"uniform": 3.0, "tiny": 2.5}
 
-# The benchmark's own session keeps every job and stage in its status store (Spark keeps
-# the last 1000 of each by default, fewer than an audit runs at 2M rows). Bookkeeping only:
-# nothing else differs from the audit's session. A session started before the benchmark
-# (the tests' one) keeps its limits; then ``spark.complete`` says whether any were dropped.
-
 # Per-table timings a materialization may carry (what each covers is said where it is
 # measured, assets/tables.py); the benchmark copies those present.
 TABLE_TIMINGS = ("write_seconds", "check_seconds", "commit_seconds")
@@ -605,7 +600,10 @@ def benchmark(
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise InvalidSetting(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
-    # This process's JVM starts once, before any measurement; every variant reuses it.
+    # This process's JVM starts once, before any measurement; every variant reuses it. It keeps
+    # every job and stage in its status store (STATUS_RETENTION); nothing else differs from the
+    # audit's session. A session started earlier (the tests' one) keeps its own limits; then
+    # ``spark.complete`` says whether any were dropped.
     spark = build_spark_session(master="local[*]", shuffle_partitions=shuffle_partitions, extra=STATUS_RETENTION)
     base = Path(workdir or tempfile.mkdtemp(prefix="replica-lens-bench-"))
     base.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from resources.errors import InvalidSetting
+from resources.errors import InvalidSetting, UsageError
 
 __all__ = [
     "SimulationConfig",
@@ -156,7 +156,7 @@ class SimulationConfig:
             raise InvalidSetting("exporter_regression needs at least one exporter")
 
 
-class SnapshotExistsError(InvalidSetting):
+class SnapshotExistsError(UsageError, FileExistsError):
     """The snapshot folder is already there (pass overwrite=True to replace it)."""
 
 

@@ -125,8 +125,12 @@ def test_the_session_runs_the_throughput_collector_unless_the_user_picks_one():
     chosen = spark_config(extra={"spark.driver.extraJavaOptions": "-XX:+UseG1GC -Xss4m"})
     assert chosen["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC -Xss4m"
     assert chosen["spark.executor.extraJavaOptions"] == "-XX:+UseParallelGC"
-    kept = spark_config(extra={"spark.executor.extraJavaOptions": "-Dreplica.lens=1"})
+    kept = spark_config(
+        extra={"spark.executor.extraJavaOptions": "-Dreplica.lens=1", "spark.yarn.am.extraJavaOptions": "-Xss4m"}
+    )
     assert kept["spark.executor.extraJavaOptions"] == "-XX:+UseParallelGC -Dreplica.lens=1"
+    # Other JVMs' options pass through untouched.
+    assert kept["spark.yarn.am.extraJavaOptions"] == "-Xss4m"
 
 
 def test_the_default_collector_reaches_the_jvm_the_session_starts(spark):
