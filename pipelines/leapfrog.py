@@ -32,24 +32,42 @@ Instead:
 2. Vectors become dense arrays over the region universe, ``-1`` for a missing component,
    which turns the SPEC order into plain componentwise ``<=``. Per region r,
    ``a_r(w) = #{v : U_r(v) <= M_r(w)}`` and ``s_r(w) = #{v : M_r(v) < U_r(w)}`` are rank
-   queries: order the versions of both sides of one (pair, key) by A's value and B's
-   query value for region r and take a running count of A's entries. All these
-   orderings share one window partition (one exchange, a local sort each). Then
+   queries: binary searches of w's query values in A's sorted values. Then
    ``a(w) = min_r a_r(w)`` and ``s(w) = max_r s_r(w)``.
 3. w proves divergence iff its range is non-empty and not all of A's tokens in it equal
    w's token. Each version of A knows where the run of equal consecutive tokens it
-   starts ends (``run_end``). So: look up A's version at index ``s`` (an equi-join on key
-   and index); w is a proof iff ``token(v_s) != token(w)`` or ``run_end(s) < a(w)``. The
-   witness v is ``v_s`` in the first case, else the version at ``run_end(s)``: the first
-   version of the range whose content differs from w's.
+   starts ends (``run_end``). So: look at A's version at index ``s``; w is a proof iff
+   ``token(v_s) != token(w)`` or ``run_end(s) < a(w)``. The witness v is ``v_s`` in the
+   first case, else the version at ``run_end(s)``: the first version of the range whose
+   content differs from w's.
 4. One witness per key: the earliest proving w (⊥ first), with its v.
 5. Last versions, counts and verdicts come from per-key aggregates and equi-joins.
 
-Every step is a sort-based window, an aggregate or an equi-join; the rows grow with
-versions x regions x (replicas - 1), never with versions squared.
+Steps 2-4 run in one pass (``first_proofs``): one exchange puts all versions of a
+(pair, key) into one Spark partition, and a vectorized function (numpy, in Spark's Python
+workers through Arrow) solves every (pair, key) of the partition at once, with a few sorts
+and binary searches over the whole partition, and returns only the proven keys. Written
+as Spark windows instead (one ordering per region and rank problem, then an equi-join
+for the version at ``s`` and an aggregate for the first proof), the comparison took 1.6
+to 2 times as long: Spark's window operator copies every row into each ordering's buffer
+(docs/performance.md). A partition's rows are held in the Python worker while it is
+solved; adaptive execution keeps partitions near 32 MB of shuffled data, and one
+(pair, key) cannot be split anyway.
+
+Every other step is a sort-based window, an aggregate or an equi-join; the rows grow with
+versions x (replicas - 1), never with versions squared, and the proof search sorts each
+partition's rows a fixed number of times (2 x regions + 3).
 """
 from __future__ import annotations
 
+import sys
+from functools import partial
+from typing import Iterator
+
+from pyspark import cloudpickle
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -63,10 +81,6 @@ PART = ("snapshot_id", "topic", "partition")
 PAIR = (*PART, "replica_a", "replica_b")
 PAIR_ID = "pair_id"
 SIDES = ("a", "b")
-
-# The two rank problems of step 2.
-PREFIX = "a"  # A's U_r against w's M_r, counting ties: #{v : U_r(v) <= M_r(w)}
-SUFFIX = "s"  # A's M_r against w's U_r, not counting ties: #{v : M_r(v) < U_r(w)}
 
 
 def _replica_pairs(partition_wm: DataFrame) -> DataFrame:
@@ -211,53 +225,108 @@ def _bottoms(pair_keys: DataFrame) -> DataFrame:
     )
 
 
-def _overlap_ranges(versions: DataFrame, regions: list[str]) -> DataFrame:
-    """For every w of B with a known U: the index range ``[s, a)`` of A's versions overlapping it.
+PROOFS_SCHEMA = "pair_id long, key string, w_idx long, v_idx long"
 
-    Both sides of one (pair, key) stay in one window partition; per region, two orderings
-    of the same rows answer the two rank problems as running counts of A's entries. A
-    entry equal to a query sorts before it in the prefix problem (``<=``) and after it in
-    the suffix problem (``<``). Every ordering shares one exchange; nothing is exploded.
+
+def first_proofs(batches: Iterator[pa.RecordBatch], regions: int) -> Iterator[pa.RecordBatch]:
+    """Steps 2-4 for every (pair, key) of one Spark partition, vectorized: its first proof, if any.
+
+    Input rows: every version with a known ``U`` of every (pair, key) whose rows are all in
+    this partition: ``pair_id, key, is_a, idx, token, run_end, u_0.., m_0..`` (dense vectors,
+    one column per region). Output: one row per proven (pair, key): the earliest proving
+    ``w_idx`` of B and the ``v_idx`` of A it differs from.
+
+    All groups are solved at once with sorts and binary searches over the whole partition
+    (numpy), never one group at a time: a group is a run of rows after sorting by (pair, key),
+    and a per-region value becomes ``group * span + rank of the value`` so that one sorted
+    array answers every group's rank queries.
+    """
+    received = list(batches)
+    if not received:
+        return
+    table = pa.Table.from_batches(received).combine_chunks()
+    if table.num_rows == 0:
+        return
+    pair = table["pair_id"].to_numpy()
+    key_code = pc.dictionary_encode(table["key"]).combine_chunks().indices.to_numpy()
+    is_b = ~table["is_a"].to_numpy(zero_copy_only=False)
+    idx = table["idx"].to_numpy()
+    # Sorted by group, then A's versions before B's, each in index order.
+    order = np.lexsort((idx, is_b, key_code, pair))
+    pair, key_code, is_b, idx = pair[order], key_code[order], is_b[order], idx[order]
+    new_group = np.ones(len(order), dtype=bool)
+    new_group[1:] = (pair[1:] != pair[:-1]) | (key_code[1:] != key_code[:-1])
+    group = np.cumsum(new_group) - 1
+    a_rows, b_rows = np.flatnonzero(~is_b), np.flatnonzero(is_b)
+    if len(a_rows) == 0 or len(b_rows) == 0:
+        return
+    group_a, group_b = group[a_rows], group[b_rows]
+    first_a = np.searchsorted(group_a, group_b, side="left")  # where w's group starts among A's rows
+    span = 2 * len(order) + 1
+    upper = np.full(len(b_rows), np.iinfo(np.int64).max)  # a(w) = min_r a_r(w)
+    lower = np.zeros(len(b_rows), dtype=np.int64)  # s(w) = max_r s_r(w)
+    for r in range(regions):
+        u = table[f"u_{r}"].to_numpy()[order]
+        m = table[f"m_{r}"].to_numpy()[order]
+        # Ranks of every U_r and M_r value of the partition, so that (group, value) fits one int64.
+        _, rank = np.unique(np.concatenate([u, m]), return_inverse=True)
+        u_rank, m_rank = rank[: len(order)], rank[len(order):]
+        a_u = np.sort(group_a * span + u_rank[a_rows])
+        a_m = np.sort(group_a * span + m_rank[a_rows])
+        # a_r(w) = #{v of A : U_r(v) <= M_r(w)}; s_r(w) = #{v of A : M_r(v) < U_r(w)}
+        upper = np.minimum(upper, np.searchsorted(a_u, group_b * span + m_rank[b_rows], side="right") - first_a)
+        lower = np.maximum(lower, np.searchsorted(a_m, group_b * span + u_rank[b_rows], side="left") - first_a)
+    in_range = lower < upper
+    # A's version at index s (A's indices in a group are 0..n-1: U is known for all or none).
+    at_s = a_rows[np.minimum(first_a + lower, len(a_rows) - 1)]
+    token = pc.dictionary_encode(table["token"]).combine_chunks().indices.to_numpy()[order]
+    run_end = pc.fill_null(table["run_end"], -1).to_numpy()[order]  # null on B's rows
+    differs = token[at_s] != token[b_rows]
+    proving = in_range & (differs | (run_end[at_s] < upper))
+    if not proving.any():
+        return
+    # The earliest proving w of each group (B's rows are in index order within a group).
+    proven = np.flatnonzero(proving)
+    _, first = np.unique(group_b[proven], return_index=True)
+    chosen = proven[first]
+    w_rows = b_rows[chosen]
+    v_idx = np.where(differs[chosen], lower[chosen], run_end[at_s[chosen]])
+    yield pa.RecordBatch.from_arrays(
+        [
+            pa.array(pair[w_rows]),
+            table["key"].take(pa.array(order[w_rows])).combine_chunks(),
+            pa.array(idx[w_rows]),
+            pa.array(v_idx.astype(np.int64)),
+        ],
+        names=["pair_id", "key", "w_idx", "v_idx"],
+    )
+
+
+# The proof search runs in Spark's Python workers; they receive it by value, so executors
+# need numpy and pyarrow (PySpark's own requirements for Arrow) but not this project.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _proofs(versions: DataFrame, regions: list[str]) -> DataFrame:
+    """Per (pair, key) with a proof: the earliest proving ``w_idx`` of B and its ``v_idx`` of A (steps 2-4).
+
+    One exchange puts every version of a (pair, key) into one partition; ``first_proofs``
+    solves all of a partition's groups at once. Only proven keys leave it.
     """
     if not regions:
         # No region appears in any U: there is no data version to compare.
-        return versions.where(F.lit(False)).select(
-            PAIR_ID, "key", F.col("idx").alias("w_idx"), F.lit(0).cast(T.LongType()).alias("s"),
-            F.lit(0).cast(T.LongType()).alias("a"), F.col("token").alias("w_token"),
-        )
-    is_a = F.col("side") == "a"
-    # U is unknown for all versions of a dump or for none (it hinges on the dump's P), so
-    # the versions kept are still indexed 0..n-1 and the counts below are indices.
+        return versions.sparkSession.createDataFrame([], PROOFS_SCHEMA)
     known = versions.where(F.col("touch").isNotNull()).select(
-        # The key's hash leads the sort: most comparisons end at its 8-byte prefix.
-        F.xxhash64("key").alias("key_hash"), PAIR_ID, "key", "side", "idx", "token",
+        PAIR_ID, "key", (F.col("side") == "a").alias("is_a"), "idx", "token",
+        F.when(F.col("side") == "a", F.col("run_end")).alias("run_end"),
         dense(F.col("touch"), regions).alias("u"), dense(F.col("reach"), regions).alias("m"),
     )
-    by_key = Window.partitionBy("key_hash", PAIR_ID, "key")
-    a_entries = F.sum(is_a.cast(T.LongType()))
-
-    def rank(value_a: Column, query_b: Column, a_ties_first: bool) -> Column:
-        tie = F.when(is_a, 0 if a_ties_first else 1).otherwise(1 if a_ties_first else 0)
-        ordered = by_key.orderBy(F.when(is_a, value_a).otherwise(query_b), tie)
-        return a_entries.over(ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow))
-
-    u = [F.col("u")[i] for i in range(len(regions))]
-    m = [F.col("m")[i] for i in range(len(regions))]
-    prefix = [rank(u[i], m[i], a_ties_first=True).alias(f"{PREFIX}_{i}") for i in range(len(regions))]
-    suffix = [rank(m[i], u[i], a_ties_first=False).alias(f"{SUFFIX}_{i}") for i in range(len(regions))]
-
-    def combine(fn, names: list[str]) -> Column:
-        return F.col(names[0]) if len(names) == 1 else fn(*[F.col(n) for n in names])
-
-    ranked = known.select(PAIR_ID, "key", "side", "idx", "token", *prefix, *suffix).where(~is_a)
-    return ranked.select(
-        PAIR_ID,
-        "key",
-        F.col("idx").alias("w_idx"),
-        combine(F.greatest, [f"{SUFFIX}_{i}" for i in range(len(regions))]).alias("s"),
-        combine(F.least, [f"{PREFIX}_{i}" for i in range(len(regions))]).alias("a"),
-        F.col("token").alias("w_token"),
+    flat = known.select(
+        PAIR_ID, "key", "is_a", "idx", "token", "run_end",
+        *[F.col("u")[i].alias(f"u_{i}") for i in range(len(regions))],
+        *[F.col("m")[i].alias(f"m_{i}") for i in range(len(regions))],
     )
+    return flat.repartition(PAIR_ID, "key").mapInArrow(partial(first_proofs, regions=len(regions)), PROOFS_SCHEMA)
 
 
 def _witnesses(versions: DataFrame, pairs: DataFrame, row_watermarks: DataFrame, regions: list[str]) -> DataFrame:
@@ -266,22 +335,10 @@ def _witnesses(versions: DataFrame, pairs: DataFrame, row_watermarks: DataFrame,
     Values travel with the few witnesses only: they are looked up in ``row_watermarks`` at
     the end (⊥ has none).
     """
-    ranges = _overlap_ranges(versions, regions).where(F.col("s") < F.col("a"))
-    at_s = versions.where(F.col("side") == "a").select(
-        PAIR_ID, "key", F.col("idx").alias("s"), F.col("token").alias("s_token"), F.col("run_end").alias("s_run_end")
-    )
-    checked = ranges.join(at_s, on=[PAIR_ID, "key", "s"], how="inner")
-    differs_at_s = F.col("s_token") != F.col("w_token")
-    proving = checked.where(differs_at_s | (F.col("s_run_end") < F.col("a"))).select(
-        PAIR_ID, "key", "w_idx", F.when(differs_at_s, F.col("s")).otherwise(F.col("s_run_end")).alias("v_idx")
-    )
-    first = proving.groupBy(PAIR_ID, "key").agg(F.min(F.struct("w_idx", "v_idx")).alias("first"))
     # One row per proven pair key, read three times below: computed once. Its size is known
     # when it is joined, so adaptive execution broadcasts it when it is small (no hint: a
     # replica that lost everything proves every key).
-    witnesses = computed_once(
-        first.select(PAIR_ID, "key", F.col("first.w_idx").alias("w_idx"), F.col("first.v_idx").alias("v_idx"))
-    )
+    witnesses = computed_once(_proofs(versions, regions))
     wanted = witnesses.select(
         PAIR_ID, "key", F.inline(F.array(*[
             F.struct(F.lit(s).alias("side"), F.col(c).alias("idx")) for s, c in (("a", "v_idx"), ("b", "w_idx"))
