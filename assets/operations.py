@@ -5,7 +5,7 @@ from pydantic import Field
 from pyspark.sql import functions as F
 
 from assets.partitions import snapshot_partitions
-from assets.previews import compaction_holdbacks, worst_lagging
+from assets.previews import compaction_holdbacks, lagging_rows, worst_lag, worst_lagging
 from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
@@ -80,8 +80,11 @@ def replication_lag(context: dg.AssetExecutionContext, spark: SparkResource, sto
     tables = StepTables(session, store, snapshot_id)
     tables.stage(heartbeat_lag(read_stage(session, store, "raw_topic_snapshots", snapshot_id)), "heartbeat_lag")
     tables.stage(lag_summary(tables.frame("heartbeat_lag")), "replication_lag")
-    preview = worst_lagging(tables.frame("replication_lag"))
-    tables.add_metadata("replication_lag", {"worst_lagging": dg.MetadataValue.md(preview)})
+    lagging = lagging_rows(tables.frame("replication_lag"))
+    tables.add_metadata(
+        "replication_lag",
+        {"worst_lagging": dg.MetadataValue.md(worst_lagging(lagging)), "worst_lag": dg.MetadataValue.json(worst_lag(lagging) or {})},
+    )
     yield from tables.publish()
 
 

@@ -37,12 +37,25 @@ def divergence_by_pair(summary: DataFrame) -> str:
     )
 
 
-def worst_lagging(replication_lag: DataFrame) -> str:
-    rows = (
+WORST_LAG_FIELDS = ("replica", "origin_region", "p99_upper_ms", "max_upper_ms", "staleness_ms")
+
+
+def worst_lag(rows) -> dict | None:
+    """The worst-lagging (replica, origin region) of ``worst_lagging``'s rows, as plain values (None without heartbeats)."""
+    return {name: rows[0][name] for name in WORST_LAG_FIELDS} if rows else None
+
+
+def lagging_rows(replication_lag: DataFrame) -> list:
+    """The most-lagging (replica, origin region) rows, worst first: by 99th percentile lag, then staleness."""
+    return (
         replication_lag.orderBy(F.desc_nulls_last("p99_upper_ms"), F.desc_nulls_last("staleness_ms"))
         .limit(ROWS_SHOWN)
         .collect()
     )
+
+
+def worst_lagging(rows) -> str:
+    """``lagging_rows`` as a markdown table."""
     return markdown_table(
         rows,
         [("replica", "replica"), ("origin_region", "from"), ("heartbeats", "heartbeats"),

@@ -1,9 +1,13 @@
 """Audit snapshots in-process through Dagster, the way ``replica-lens audit`` does."""
 from __future__ import annotations
 
+import json
 import sys
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, TextIO
 
 import dagster as dg
 
@@ -38,14 +42,23 @@ def _plain(value: Any) -> Any:
     return getattr(value, "value", value)
 
 
+# Dagster's console log level per CLI verbosity: its event log (a line per step event) only with --verbose.
+DAGSTER_LOG_LEVELS = {"quiet": "ERROR", "normal": "ERROR", "verbose": "DEBUG"}
+SPARK_LOG_LEVELS = {"quiet": "ERROR", "normal": "ERROR", "verbose": "WARN"}
+
+
 def run_audit(
     snapshot_id: str,
     landing: str,
     warehouse: str,
     instance: Optional[dg.DagsterInstance] = None,
+    log_level: str = "DEBUG",
     **settings: Any,
 ) -> SnapshotAudit:
-    """Materialize every per-snapshot asset of ``snapshot_id`` in this process; never raises on run failure."""
+    """Materialize every per-snapshot asset of ``snapshot_id`` in this process; never raises on run failure.
+
+    ``log_level`` is the level of Dagster's console log (its event log is DEBUG).
+    """
     from replica_lens.definitions import build_definitions
 
     defs = build_definitions(landing_root=landing, warehouse_root=warehouse, **settings)
@@ -53,7 +66,12 @@ def run_audit(
     instance = instance or dg.DagsterInstance.ephemeral()
     if not instance.has_dynamic_partition(SNAPSHOTS, snapshot_id):
         instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
-    result = job.execute_in_process(partition_key=snapshot_id, instance=instance, raise_on_error=False)
+    result = job.execute_in_process(
+        partition_key=snapshot_id,
+        instance=instance,
+        raise_on_error=False,
+        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+    )
     audit = SnapshotAudit(snapshot_id=snapshot_id, success=result.success, run_id=result.run_id)
     for event in result.get_asset_materialization_events():
         materialization = event.event_specific_data.materialization
@@ -106,13 +124,144 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
         lines.append(f"  stream anomalies: {anomalies.get('dagster/row_count')} {anomalies.get('by_anomaly') or ''}")
     lag = audit.metadata.get("replication_lag")
     if lag:
-        lines.append(f"  replication lag rows: {lag.get('dagster/row_count')}")
+        worst = lag.get("worst_lag") or None
+        if worst:
+            lines.append(
+                f"  worst replication lag: {worst['replica']} applying {worst['origin_region']}'s writes:"
+                f" p99 <= {worst['p99_upper_ms']:.0f} ms, max <= {worst['max_upper_ms']} ms,"
+                f" staleness {worst['staleness_ms']} ms (replication_lag)"
+            )
+        else:
+            lines.append("  replication lag: no heartbeat in this snapshot")
     if audit.failed_checks:
         lines.append(f"  failed checks: {', '.join(audit.failed_checks)}")
     written = [a for a in audit.metadata if "dagster/uri" in audit.metadata[a]]
     if written:
         lines.append(f"  Delta tables written: {len(written)} ({', '.join(sorted(written))})")
+    lines.append("  " + look_at(audit))
     return lines
+
+
+def look_at(audit: SnapshotAudit) -> str:
+    """What an operator should open first, by urgency: one line."""
+    if not audit.success:
+        return f"look at: the failed step ({audit.error}); re-run with --verbose for Dagster's event log"
+    todo = []
+    if audit.proven_divergent:
+        todo.append(f"divergence_reports: {audit.proven_divergent} key(s) proven DIVERGENT or MISSING, with witnesses")
+    quarantined = int(audit.value("raw_topic_snapshots", "rows_quarantined", 0) or 0)
+    if quarantined:
+        todo.append(f"raw_topic_quarantine: {quarantined} row(s) not audited, with the reason")
+    anomalies = int(audit.value("stream_anomalies", "dagster/row_count", 0) or 0)
+    if anomalies:
+        todo.append(f"stream_anomalies: {anomalies} row(s)")
+    other = [c for c in audit.failed_checks if c != "divergence_reports:no_proven_divergence"]
+    if other:
+        todo.append(f"failed checks {', '.join(other)}")
+    return "look at: " + "; ".join(todo) if todo else "nothing to look at: no divergence, quarantine or anomaly"
+
+
+def spark_progress() -> str:
+    """The running Spark stages' task counts, e.g. ``stage 12: 5/8 tasks`` (empty without a session)."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context  # noqa: SLF001 - the session the run started, if any
+    if context is None:
+        return ""
+    tracker = context.statusTracker()
+    parts = []
+    for stage_id in sorted(tracker.getActiveStageIds())[:3]:
+        info = tracker.getStageInfo(stage_id)
+        if info is not None:
+            parts.append(f"stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks")
+    return ", ".join(parts)
+
+
+@contextmanager
+def status_line(stream: TextIO, label: str, every: float = 1.0, enabled: bool = True) -> Iterator[None]:
+    """While the block runs, rewrite one line of ``stream`` every ``every`` seconds: elapsed time and Spark's progress.
+
+    Only for a terminal (``stream.isatty()``): piped or redirected output gets no control
+    characters. The line is erased when the block ends.
+    """
+    if not (enabled and stream.isatty()):
+        yield
+        return
+    started = time.monotonic()
+    done = threading.Event()
+
+    def show() -> None:
+        while not done.wait(every):
+            try:
+                progress = spark_progress()
+            except Exception:  # noqa: BLE001 - the status line never breaks the run
+                progress = ""
+            elapsed = int(time.monotonic() - started)
+            text = f"{label}: {elapsed // 60}m{elapsed % 60:02d}s" + (f"  {progress}" if progress else "")
+            stream.write("\r\x1b[K" + text[:160])
+            stream.flush()
+
+    thread = threading.Thread(target=show, name="replica-lens-status", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        stream.write("\r\x1b[K")
+        stream.flush()
+
+
+def step_lines(instance: dg.DagsterInstance, audit: SnapshotAudit) -> list[str]:
+    """One line per step of the run, in the order they ran: seconds, status, and the rows of what it wrote."""
+    lines = []
+    for stats in sorted(instance.get_run_step_stats(audit.run_id), key=lambda s: s.start_time or 0):
+        seconds = (stats.end_time or stats.start_time or 0) - (stats.start_time or 0)
+        status = stats.status.value.lower() if stats.status else "unknown"
+        written = [
+            f"{key.to_user_string()} {audit.value(key.to_user_string(), 'dagster/row_count', '?'):,}"
+            if isinstance(audit.value(key.to_user_string(), "dagster/row_count"), int)
+            else key.to_user_string()
+            for key in _materialized_keys(instance, audit.run_id, stats.step_key)
+        ]
+        rows = f"  rows: {', '.join(written)}" if written else ""
+        lines.append(f"  step {stats.step_key:<44} {seconds:7.1f} s  {status}{rows}")
+    return lines
+
+
+def _materialized_keys(instance: dg.DagsterInstance, run_id: str, step_key: str) -> list[dg.AssetKey]:
+    records = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
+    return [r.dagster_event.asset_key for r in records if r.step_key == step_key and r.dagster_event]
+
+
+def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
+    """One snapshot's audit as plain JSON values: what ``--json`` writes (documented in the README)."""
+    raw = audit.metadata.get("raw_topic_snapshots", {})
+    quarantine = audit.metadata.get("raw_topic_quarantine", {})
+    divergence = audit.metadata.get("divergence_reports", {})
+    anomalies = audit.metadata.get("stream_anomalies", {})
+    lag = audit.metadata.get("replication_lag", {})
+    return {
+        "snapshot_id": audit.snapshot_id,
+        "run_id": audit.run_id,
+        "success": audit.success,
+        "error": audit.error,
+        "rows": {
+            name: raw.get(f"rows_{name}") for name in ("read", "accepted", "quarantined")
+        } | {"duplicates_collapsed": raw.get("duplicates_collapsed")},
+        "quarantined_by_reason": quarantine.get("by_reason") or {},
+        "verdicts": {
+            name: divergence.get(f"keys_{name}") for name in ("compared", "consistent", "divergent", "missing", "in_flight")
+        },
+        "anomalies": {"total": anomalies.get("dagster/row_count"), "by_kind": anomalies.get("by_anomaly") or {}},
+        "worst_lag": lag.get("worst_lag") or None,
+        "failed_checks": list(audit.failed_checks),
+        "tables": {
+            table: {"delta_version": values.get("delta_version"), "rows": values.get("dagster/row_count")}
+            for table, values in sorted(audit.metadata.items())
+            if "delta_version" in values
+        },
+    }
 
 
 def audit_snapshots(
@@ -123,9 +272,19 @@ def audit_snapshots(
     spark_master: str = "local[*]",
     delta_jars_dir: Optional[str] = None,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
+    verbosity: str = "normal",
+    json_path: Optional[str] = None,
 ) -> int:
-    """Audit the named snapshot, or every complete one; print a summary; return the exit code."""
+    """Audit the named snapshot, or every complete one; print a summary; return the exit code.
+
+    ``verbosity``: ``quiet`` prints the summaries and errors only; ``normal`` adds one line
+    per step; ``verbose`` adds Dagster's event log and Spark's warnings. ``json_path``
+    (``-`` for stdout, the human output then goes to stderr) receives one JSON document for
+    the whole command (``audit_document`` per snapshot).
+    """
+    out: TextIO = sys.stderr if json_path == "-" else sys.stdout
     zone = LandingZone(root=landing)
+    skipped: list[dict[str, str]] = []
     if snapshot_id is not None:
         zone.require_complete(snapshot_id)
         snapshot_ids = [snapshot_id]
@@ -133,29 +292,53 @@ def audit_snapshots(
         scan = zone.scan()
         for name in scan.refused:
             print(f"ignoring landing folder {name!r}: not a safe snapshot id", file=sys.stderr)
+            skipped.append({"snapshot_id": name, "reason": "not a safe snapshot id"})
         for name in scan.incomplete:
             print(f"skipping snapshot {name!r}: no _SUCCESS yet", file=sys.stderr)
+            skipped.append({"snapshot_id": name, "reason": "no _SUCCESS yet"})
         snapshot_ids = scan.complete
         if not snapshot_ids:
             print(f"no complete snapshot in {landing}", file=sys.stderr)
-            return 0
     instance = dg.DagsterInstance.get() if _has_dagster_home() else dg.DagsterInstance.ephemeral()
     exit_code = 0
+    documents = []
     for sid in snapshot_ids:
-        audit = run_audit(
-            sid,
-            landing,
-            warehouse,
-            instance=instance,
-            spark_master=spark_master,
-            delta_jars_dir=delta_jars_dir,
-            shuffle_partitions=shuffle_partitions,
-        )
-        print("\n".join(summary_lines(audit)), flush=True)
+        if verbosity != "quiet":
+            print(f"auditing snapshot {sid} ...", file=out, flush=True)
+        with status_line(out, f"auditing {sid}", enabled=verbosity == "normal"):
+            audit = run_audit(
+                sid,
+                landing,
+                warehouse,
+                instance=instance,
+                log_level=DAGSTER_LOG_LEVELS[verbosity],
+                spark_master=spark_master,
+                delta_jars_dir=delta_jars_dir,
+                shuffle_partitions=shuffle_partitions,
+                spark_log_level=SPARK_LOG_LEVELS[verbosity],
+            )
+        if verbosity != "quiet":
+            print("\n".join(step_lines(instance, audit)), file=out, flush=True)
+        print("\n".join(summary_lines(audit)), file=out, flush=True)
+        documents.append(audit_document(audit))
         if not audit.success:
             exit_code = 1
         elif fail_on_divergence and audit.proven_divergent and exit_code == 0:
             exit_code = 3
+    if json_path is not None:
+        document = {
+            "landing": landing,
+            "warehouse": warehouse,
+            "exit_code": exit_code,
+            "snapshots": documents,
+            "skipped": skipped,
+        }
+        text = json.dumps(document, indent=2, sort_keys=False, default=str)
+        if json_path == "-":
+            print(text, flush=True)
+        else:
+            with open(json_path, "w", encoding="utf-8") as fh:
+                fh.write(text + "\n")
     return exit_code
 
 

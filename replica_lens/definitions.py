@@ -33,6 +33,7 @@ def build_definitions(
     delta_jars_dir: Optional[Setting] = dg.EnvVar("REPLICA_LENS_DELTA_JARS"),
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     delta_engine: str = "auto",
+    spark_log_level: str = "ERROR",
 ) -> dg.Definitions:
     return dg.Definitions(
         assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations, trend]),
@@ -42,7 +43,10 @@ def build_definitions(
         sensors=[landing_sensor, trend_after_audit],
         resources={
             "spark": SparkResource(
-                master=spark_master, delta_jars_dir=delta_jars_dir, shuffle_partitions=shuffle_partitions
+                master=spark_master,
+                delta_jars_dir=delta_jars_dir,
+                shuffle_partitions=shuffle_partitions,
+                log_level=spark_log_level,
             ),
             "store": DeltaStore(warehouse_root=warehouse_root, engine=delta_engine),
             "landing": LandingZone(root=landing_root),

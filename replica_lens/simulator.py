@@ -36,7 +36,7 @@ import string
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from resources.errors import InvalidSetting, UsageError
 
@@ -1104,9 +1104,19 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def simulate(out_dir: str | Path, snapshot_id: str, config: SimulationConfig, *, overwrite: bool = False) -> dict:
+def simulate(
+    out_dir: str | Path,
+    snapshot_id: str,
+    config: SimulationConfig,
+    *,
+    overwrite: bool = False,
+    progress: Optional[Callable[[int, int, int], None]] = None,
+) -> dict:
     """Write ``<out_dir>/<snapshot_id>/`` (data files, then ``_SUCCESS``) and
-    ``<out_dir>/<snapshot_id>.ground_truth.json``; return a summary of what was written."""
+    ``<out_dir>/<snapshot_id>.ground_truth.json``; return a summary of what was written.
+
+    ``progress(done, total, rows)`` is called after each topic partition is written, with
+    the partitions done, their total and the rows written so far."""
     if not isinstance(snapshot_id, str) or not SNAPSHOT_ID.fullmatch(snapshot_id):
         raise InvalidSetting(f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
     if not isinstance(config, SimulationConfig):
@@ -1128,9 +1138,12 @@ def simulate(out_dir: str | Path, snapshot_id: str, config: SimulationConfig, *,
     folder.mkdir(parents=True)
 
     plan = _Plan(config)
+    total = config.topics * config.partitions
     for ti in range(config.topics):
         for p in range(config.partitions):
             _PartitionSim(plan, ti, p, folder).run()
+            if progress is not None:
+                progress(ti * config.partitions + p + 1, total, sum(sum(k.values()) for k in plan.rows.values()))
 
     truth = {
         "snapshot_id": snapshot_id,

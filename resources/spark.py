@@ -107,14 +107,14 @@ def java_options(user_options: str) -> str:
     return f"{DEFAULT_JAVA_OPTIONS} {user_options}".strip()
 
 
-def build_spark_session(**kwargs) -> SparkSession:
-    """Start (or reuse) this process's Spark session with the project's configuration."""
+def build_spark_session(log_level: str = "ERROR", **kwargs) -> SparkSession:
+    """Start (or reuse) this process's Spark session with the project's configuration; Spark logs at ``log_level``."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder
     for key, value in spark_config(**kwargs).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    session.sparkContext.setLogLevel(log_level)
     return session
 
 
@@ -146,8 +146,11 @@ class SparkResource(PySparkResource):
         description="Folder with the delta-spark and delta-storage jars; when set and present, Delta is written natively.",
     )
 
+    log_level: str = Field(default="ERROR", description="Spark's log level (its log4j output on stderr).")
+
     def setup_for_execution(self, context) -> None:  # noqa: ARG002 - Dagster's hook signature
         self._spark_session = build_spark_session(
+            log_level=self.log_level,
             master=self.master,
             shuffle_partitions=self.shuffle_partitions,
             driver_memory=self.driver_memory,

@@ -23,5 +23,6 @@ if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[test]"
+# The versions of constraints.txt, the tested set (scripts/update-constraints.sh upgrades them).
+.venv/bin/python -m pip install --quiet -e ".[test]" --constraint constraints.txt
 echo "setup: .venv ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -n 1))"

@@ -115,3 +115,49 @@ def test_the_cli_audits_prints_a_summary_and_sets_the_exit_code(spark, example_l
     assert "incomplete" in capsys.readouterr().err
     assert main(["audit", "--landing", str(example_landing), "--warehouse", str(warehouse),
                  "--snapshot-id", "../etc"]) == 2
+
+
+@pytest.mark.slow
+def test_the_cli_output_at_each_verbosity_and_its_json_document(spark, example_landing, tmp_path, capsys):
+    # Catches: Dagster's event log (hundreds of DEBUG lines) back at default verbosity, --quiet
+    # still printing step lines, --verbose losing the event log, anything but JSON on stdout
+    # with --json -, and a JSON document missing or misreporting what the summary says.
+    warehouse = tmp_path / "warehouse"
+    (example_landing / "half-written").mkdir()
+    audit = ["audit", "--landing", str(example_landing), "--warehouse", str(warehouse), "--spark-master", "local[2]"]
+
+    assert main([*audit, "--json", "-"]) == 0
+    out = capsys.readouterr()
+    document = json.loads(out.out)  # stdout holds the JSON document and nothing else
+    assert "STEP_START" not in out.err and "DEBUG" not in out.err
+    steps = [line for line in out.err.splitlines() if line.strip().startswith("step ")]
+    assert any("raw_topic_snapshots" in line and "raw_topic_snapshots 102" in line for line in steps), steps
+    assert any("divergence_reports" in line and "success" in line for line in steps), steps
+    assert "rows read 102" in out.err and "DIVERGENT 3" in out.err
+    assert "look at: divergence_reports: 3 key(s) proven" in out.err
+    assert len(out.err.splitlines()) <= 40, out.err
+
+    assert document["exit_code"] == 0
+    assert document["skipped"] == [{"snapshot_id": "half-written", "reason": "no _SUCCESS yet"}]
+    (snapshot,) = document["snapshots"]
+    assert snapshot["snapshot_id"] == "two-regions" and snapshot["success"] is True and snapshot["run_id"]
+    assert snapshot["rows"] == {"read": 102, "accepted": 102, "quarantined": 0, "duplicates_collapsed": 0}
+    assert snapshot["verdicts"]["divergent"] == 3 and snapshot["verdicts"]["compared"] >= 3
+    assert snapshot["failed_checks"] == ["divergence_reports:no_proven_divergence"]
+    assert set(snapshot["tables"]) == set(PER_SNAPSHOT_TABLES)
+    assert all(isinstance(t["delta_version"], int) and t["rows"] >= 0 for t in snapshot["tables"].values())
+    assert snapshot["tables"]["raw_topic_snapshots"]["rows"] == 102
+    worst = snapshot["worst_lag"]
+    assert worst is None or {"replica", "origin_region", "p99_upper_ms", "staleness_ms"} <= set(worst)
+
+    report = tmp_path / "audit.json"
+    assert main([*audit, "--snapshot-id", "two-regions", "--quiet", "--json", str(report)]) == 0
+    out = capsys.readouterr()
+    assert "rows read 102" in out.out and "step " not in out.out and "STEP_START" not in out.out + out.err
+    again = json.loads(report.read_text())["snapshots"][0]
+    # Re-materialized: every table's Delta version moved on.
+    assert all(again["tables"][t]["delta_version"] > snapshot["tables"][t]["delta_version"] for t in again["tables"])
+
+    assert main([*audit, "--snapshot-id", "two-regions", "--verbose"]) == 0
+    out = capsys.readouterr()
+    assert "STEP_START" in out.out + out.err

@@ -43,3 +43,69 @@ def test_a_value_error_from_a_bug_is_reported_as_a_bug_not_as_a_usage_error(tmp_
     assert ("Traceback" in err) is verbose
     if not verbose:
         assert len(err.strip().splitlines()) == 1
+
+
+def test_simulate_reports_progress_per_topic_partition_on_stderr(tmp_path, capsys, monkeypatch):
+    # Catches: no progress on large simulations (nothing moves for minutes), progress mixed
+    # into stdout (which scripts parse), a wrong count of partitions or rows, or one line per
+    # partition however fast they come (thousands of lines for a wide simulation).
+    import replica_lens.cli as cli
+
+    clock = iter(range(0, 1000, 1))  # one second per reading: every call is due
+    monkeypatch.setattr(cli.time, "monotonic", lambda: next(clock))
+    argv = ["simulate", "--out", str(tmp_path), "--snapshot-id", "s1", "--writes", "200", "--partitions", "3",
+            "--topics", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    progress = [line for line in out.err.splitlines() if "topic partition" in line]
+    rows_total = int(next(line for line in out.out.splitlines() if "rows_total" in line).split(":")[1])
+    assert [line.split(":")[0] for line in progress] == [f"simulated topic partition {i}/6" for i in (2, 4, 6)]
+    assert progress[-1].split(": ")[1].startswith(f"{rows_total:,} rows")
+    assert "topic partition" not in out.out
+
+    # A fast simulation prints its last line only.
+    monkeypatch.setattr(cli.time, "monotonic", lambda: 0.0)
+    assert main([*argv[:4], "s2", *argv[5:]]) == 0
+    progress = [line for line in capsys.readouterr().err.splitlines() if "topic partition" in line]
+    assert [line.split(":")[0] for line in progress] == ["simulated topic partition 6/6"]
+
+
+class _Terminal:
+    """A stream that says it is a terminal and keeps what is written to it."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.written = tty, []
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, text: str) -> None:
+        self.written.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_the_status_line_moves_on_a_terminal_and_stays_off_pipes(spark):
+    # Catches: a status line that never updates while a step runs, control characters
+    # written into a pipe or a file, or a line left on the screen after the run.
+    import time
+
+    from replica_lens.audit import status_line
+
+    terminal = _Terminal(tty=True)
+    with status_line(terminal, "auditing s1", every=0.05):
+        spark.range(2_000_000).selectExpr("sum(id * id)").collect()
+        time.sleep(0.3)
+    updates = [w for w in terminal.written if "auditing s1: 0m" in w]
+    assert len(updates) >= 3 and all(w.startswith("\r\x1b[K") for w in updates)
+    assert terminal.written[-1] == "\r\x1b[K"  # erased at the end
+
+    pipe = _Terminal(tty=False)
+    with status_line(pipe, "auditing s1", every=0.05):
+        time.sleep(0.2)
+    assert pipe.written == []
+    quiet = _Terminal(tty=True)
+    with status_line(quiet, "auditing s1", every=0.05, enabled=False):
+        time.sleep(0.2)
+    assert quiet.written == []
