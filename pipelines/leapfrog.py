@@ -48,10 +48,10 @@ Steps 2-4 run in one pass (``first_proofs``): one exchange puts all versions of 
 workers through Arrow) solves every (pair, key) of the partition at once, with a few sorts
 and binary searches over the whole partition, and returns only the proven keys. Written
 as Spark windows instead (one ordering per region and rank problem, then an equi-join
-for the version at ``s`` and an aggregate for the first proof), the comparison took 1.6
-to 2 times as long: Spark's window operator copies every row into each ordering's buffer
-(docs/performance.md). A partition's rows are held in the Python worker while it is
-solved; adaptive execution keeps partitions near 32 MB of shuffled data, and one
+for the version at ``s`` and an aggregate for the first proof), the whole comparison
+took about 1.5 times as long (2M and 600k rows, warm): Spark's window operator copies
+every row into each ordering's buffer (docs/performance.md). A partition's rows are held
+in the Python worker while it is solved; adaptive execution keeps partitions near 32 MB of shuffled data, and one
 (pair, key) cannot be split anyway.
 
 Every other step is a sort-based window, an aggregate or an equi-join; the rows grow with
