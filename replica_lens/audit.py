@@ -218,12 +218,11 @@ def step_lines(instance: dg.DagsterInstance, audit: SnapshotAudit) -> list[str]:
     for stats in sorted(instance.get_run_step_stats(audit.run_id), key=lambda s: s.start_time or 0):
         seconds = (stats.end_time or stats.start_time or 0) - (stats.start_time or 0)
         status = stats.status.value.lower() if stats.status else "unknown"
-        written = [
-            f"{key.to_user_string()} {audit.value(key.to_user_string(), 'dagster/row_count', '?'):,}"
-            if isinstance(audit.value(key.to_user_string(), "dagster/row_count"), int)
-            else key.to_user_string()
-            for key in _materialized_keys(instance, audit.run_id, stats.step_key)
-        ]
+        written = []
+        for key in _materialized_keys(instance, audit.run_id, stats.step_key):
+            table = key.to_user_string()
+            rows = audit.value(table, "dagster/row_count")
+            written.append(f"{table} {rows:,}" if isinstance(rows, int) else table)
         rows = f"  rows: {', '.join(written)}" if written else ""
         lines.append(f"  step {stats.step_key:<44} {seconds:7.1f} s  {status}{rows}")
     return lines
