@@ -51,8 +51,8 @@ as Spark windows instead (one ordering per region and rank problem, then an equi
 for the version at ``s`` and an aggregate for the first proof), the whole comparison
 took about 1.5 times as long (2M and 600k rows, warm): Spark's window operator copies
 every row into each ordering's buffer (docs/performance.md). A partition's rows are held
-in the Python worker while it is solved; adaptive execution keeps partitions near 32 MB of shuffled data, and one
-(pair, key) cannot be split anyway.
+in the Python worker while it is solved; adaptive execution keeps partitions near 32 MB
+of shuffled data, and one (pair, key) cannot be split anyway.
 
 Every other step is a sort-based window, an aggregate or an equi-join; the rows grow with
 versions x (replicas - 1), never with versions squared, and the proof search sorts each
@@ -290,7 +290,7 @@ def first_proofs(batches: Iterator[pa.RecordBatch], regions: int) -> Iterator[pa
     _, first = np.unique(group_b[proven], return_index=True)
     chosen = proven[first]
     w_rows = b_rows[chosen]
-    v_idx = np.where(differs[chosen], lower[chosen], run_end[at_s[chosen]])
+    v_idx = np.where(differs[chosen], idx[at_s[chosen]], run_end[at_s[chosen]])
     yield pa.RecordBatch.from_arrays(
         [
             pa.array(pair[w_rows]),
