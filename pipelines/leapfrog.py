@@ -41,205 +41,264 @@ Instead:
    first case, else the version at ``run_end(s)``: the first version of the range whose
    content differs from w's.
 4. One witness per key: the earliest proving w (⊥ first), with its v.
-5. Last versions, counts and verdicts come from per-key aggregates and equi-joins.
+5. Counts and last versions of every key come from the same pass; the verdict follows.
 
-Steps 2-4 run in one pass (``first_proofs``): one exchange puts all versions of a
-(pair, key) into one Spark partition, and a vectorized function (numpy, in Spark's Python
-workers through Arrow) solves every (pair, key) of the partition at once, with a few sorts
-and binary searches over the whole partition, and returns only the proven keys. Written
-as Spark windows instead (one ordering per region and rank problem, then an equi-join
-for the version at ``s`` and an aggregate for the first proof), the whole comparison
-took about 1.5 times as long (2M and 600k rows, warm): Spark's window operator copies
-every row into each ordering's buffer (docs/performance.md). A partition's rows are held
-in the Python worker while it is solved; adaptive execution keeps partitions near 32 MB
-of shuffled data, and one (pair, key) cannot be split anyway.
+The whole comparison is one pass (``compare_keys``): one exchange puts every data row of
+a key in a topic partition, of every replica, into one Spark partition, and a vectorized
+function (numpy, in Spark's Python workers through Arrow) does steps 1-5 for every pair of
+replicas and every key of the partition at once: versions in offset order with their runs
+of equal content, ⊥, the rank queries of step 2 with a few sorts and binary searches over
+the whole partition (never one key at a time), the first proof per key, the counts and
+last versions. It returns one row per (pair, key) seen in either replica; Spark then
+names the pairs, decides the verdicts, counts them and looks up the values of the few
+witnesses. Written as Spark
+windows, joins and aggregates instead (an ordering per region and rank problem, a full
+join of the two sides' keys, four exchanges and checkpoints), the comparison took about
+twice as long at 2M rows (docs/performance.md): Spark's window operator copies every row
+into each ordering's buffer. A partition's rows are held in the Python worker while it is
+solved; adaptive execution keeps partitions near 32 MB of shuffled data, and one key of a
+topic partition cannot be split anyway.
 
-Every other step is a sort-based window, an aggregate or an equi-join; the rows grow with
-versions x (replicas - 1), never with versions squared, and the proof search sorts each
-partition's rows a fixed number of times (2 x regions + 3).
+Every step sorts each partition's rows a fixed number of times (2 x regions + 3 per
+pair); the rows grow with versions x (replicas - 1), never with versions squared.
 """
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from functools import partial
-from typing import Iterator
+from typing import Iterator, Sequence
 
 from pyspark import cloudpickle
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.vectors import conform, dense, empty_vector, partition_regions
+from pipelines.vectors import MISSING, conform, dense, sparse
 from schemas.divergence import DivergenceReports, DivergenceSummary
 
 ABSENT = "ABSENT"
 PART = ("snapshot_id", "topic", "partition")
 PAIR = (*PART, "replica_a", "replica_b")
-PAIR_ID = "pair_id"
+REPLICA_PARTITION = ("snapshot_id", "replica", "topic", "partition")
 SIDES = ("a", "b")
 
 
-def _replica_pairs(partition_wm: DataFrame) -> DataFrame:
-    """Every pair of replicas holding the same topic partition, with what each side's dump knows."""
+# --------------------------------------------------------------- the search (numpy)
+def earliest_proofs(
+    group: np.ndarray, is_b: np.ndarray, idx: np.ndarray, token: np.ndarray, run_end: np.ndarray,
+    u: Sequence[np.ndarray], m: Sequence[np.ndarray],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps 2-4 for many groups at once: per proven group, its earliest proving w of B and v of A.
 
-    def side(s: str) -> DataFrame:
-        return partition_wm.select(
-            *PART,
-            F.col("replica").alias(f"replica_{s}"),
-            F.col("starts_with_sop").alias(f"sop_{s}"),
-            F.col("end_lower_bound").alias(f"end_{s}"),
-        )
+    One row per version with a known ``U``: its ``group`` (a key of one pair), side, index
+    ``idx`` among its replica's versions of the key (A's indices in a group are 0..n-1),
+    content ``token`` (an integer code), ``run_end`` (A's rows: the index where its run of
+    equal content ends) and one array per region of ``U`` and ``M`` (dense, ``-1`` missing).
+    Returns ``(groups, w_idx, v_idx)`` for the proven groups, in group order.
 
-    pairs = side("a").join(side("b"), on=list(PART), how="inner").where(F.col("replica_a") < F.col("replica_b"))
-    # A small number standing for the pair in the comparison's wide frames, so that the rows
-    # sorted there carry one long instead of the pair's five columns.
-    return pairs.select("*", F.row_number().over(Window.orderBy(*PAIR)).cast(T.LongType()).alias(PAIR_ID))
-
-
-# Per (replica, key) totals, carried on the key's first data row only (null on the others).
-TOTALS = ("data_rows", "last_offset", "last_hash", "first_lower_bound")
-
-
-def _data_versions(row_watermarks: DataFrame) -> DataFrame:
-    """Per replica and key: its data rows in offset order, with position and run end, and the key's totals.
-
-    One window partition per (replica, key) computes everything. The totals sit on the
-    key's first row (``pos`` 0) only, so the frame stays as narrow as the versions
-    themselves; values stay behind (only witnesses need them).
+    All groups are solved together with sorts and binary searches, never one at a time: a
+    per-region value becomes ``group * span + rank of the value`` so that one sorted array
+    answers every group's rank queries. Memory stays linear in the rows, whatever one
+    group's size (``tests/test_leapfrog_kernel.py``).
     """
-    in_order = Window.partitionBy(*PART, "replica", "key").orderBy("offset")
-    whole = in_order.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    indexed = row_watermarks.select(
-        *PART,
-        "replica",
-        "key",
-        "offset",
-        F.col("value_hash").alias("token"),
-        F.col("touch_bound").alias("touch"),
-        "reach",
-        "applied_lower_bound",
-        (F.row_number().over(in_order.rowsBetween(Window.unboundedPreceding, Window.currentRow)) - 1).alias("pos"),
-        F.lag("value_hash", 1).over(in_order.rowsBetween(-1, -1)).alias("previous_token"),
-        F.count(F.lit(1)).over(whole).alias("data_rows"),
-        F.last("offset").over(whole).alias("last_offset"),
-        F.last("value_hash").over(whole).alias("last_hash"),
+    none = (np.empty(0, np.int64),) * 3
+    # Sorted by group, then A's versions before B's, each in index order.
+    order = np.lexsort((idx, is_b, group))
+    group, is_b, idx = group[order], is_b[order], idx[order]
+    a_rows, b_rows = np.flatnonzero(~is_b), np.flatnonzero(is_b)
+    if len(a_rows) == 0 or len(b_rows) == 0:
+        return none
+    group_a, group_b = group[a_rows], group[b_rows]
+    first_a = np.searchsorted(group_a, group_b, side="left")  # where w's group starts among A's rows
+    rows = len(order)
+    span = 2 * rows + 1
+    upper = np.full(len(b_rows), np.iinfo(np.int64).max)  # a(w) = min_r a_r(w)
+    lower = np.zeros(len(b_rows), dtype=np.int64)  # s(w) = max_r s_r(w)
+    for u_r, m_r in zip(u, m):
+        # Ranks of every U_r and M_r value, so that (group, value) fits one int64.
+        _, rank = np.unique(np.concatenate([u_r[order], m_r[order]]), return_inverse=True)
+        u_rank, m_rank = rank[:rows], rank[rows:]
+        a_u = np.sort(group_a * span + u_rank[a_rows])
+        a_m = np.sort(group_a * span + m_rank[a_rows])
+        # a_r(w) = #{v of A : U_r(v) <= M_r(w)}; s_r(w) = #{v of A : M_r(v) < U_r(w)}
+        upper = np.minimum(upper, np.searchsorted(a_u, group_b * span + m_rank[b_rows], side="right") - first_a)
+        lower = np.maximum(lower, np.searchsorted(a_m, group_b * span + u_rank[b_rows], side="left") - first_a)
+    in_range = lower < upper
+    at_s = a_rows[np.minimum(first_a + lower, len(a_rows) - 1)]  # A's version at index s
+    token, run_end = token[order], run_end[order]
+    differs = token[at_s] != token[b_rows]
+    proving = in_range & (differs | (run_end[at_s] < upper))
+    if not proving.any():
+        return none
+    # The earliest proving w of each group (B's rows are in index order within a group).
+    proven = np.flatnonzero(proving)
+    _, first = np.unique(group_b[proven], return_index=True)
+    chosen = proven[first]
+    v_idx = np.where(differs[chosen], idx[at_s[chosen]], run_end[at_s[chosen]])
+    return group_b[chosen], idx[b_rows[chosen]], v_idx.astype(np.int64)
+
+
+# ------------------------------------------------------------ the pass (Arrow in, Arrow out)
+@dataclass(frozen=True)
+class PairPlan:
+    """One replica pair of a topic partition, as the pass needs it: ids and what each dump knows."""
+
+    pair_id: int
+    part_id: int
+    replica_ids: tuple[int, int]  # (A, B)
+    sop: tuple[bool, bool]  # the dump starts with START_OF_PUSH: ⊥ is a version
+    end: tuple[tuple[int, ...], tuple[int, ...]]  # L(end), dense: the reach of ⊥ for a key never written
+
+
+def compare_columns(regions: int) -> T.StructType:
+    """What ``compare_keys`` returns per (pair, key): counts, last rows, and the witness when proven."""
+    longs = ["rows_a", "rows_b", "last_offset_a", "last_offset_b", "witness_offset_a", "witness_offset_b"]
+    strings = ["key", "last_hash_a", "last_hash_b", "witness_hash_a", "witness_hash_b"]
+    vectors = [f"{v}_{s}_{r}" for s in SIDES for v in ("touch", "reach") for r in range(regions)]
+    return T.StructType(
+        [T.StructField("pair_id", T.LongType()), T.StructField("proven", T.BooleanType())]
+        + [T.StructField(c, T.StringType()) for c in strings]
+        + [T.StructField(c, T.LongType()) for c in longs + vectors]
     )
-    run_starts = F.when(F.col("previous_token").isNull() | (F.col("previous_token") != F.col("token")), F.col("pos"))
-    first = F.col("pos") == 0
-    totals = {
-        "data_rows": F.col("data_rows"),
-        "last_offset": F.col("last_offset"),
-        "last_hash": F.col("last_hash"),
-        "first_lower_bound": F.col("applied_lower_bound"),
+
+
+class _Rows:
+    """One Spark partition's rows sorted by (part, key, replica, offset), with per-(part, key, replica) groups."""
+
+    def __init__(self, table: pa.Table, regions: int):
+        part = table["part_id"].to_numpy()
+        replica = table["replica_id"].to_numpy()
+        self.key_names = pc.dictionary_encode(table["key"]).combine_chunks()
+        key = self.key_names.indices.to_numpy()
+        offset = table["offset"].to_numpy()
+        tokens = pc.dictionary_encode(table["token"]).combine_chunks()
+        order = np.lexsort((offset, replica, key, part))
+        self.order = order
+        self.part, self.replica, self.key, self.offset = part[order], replica[order], key[order], offset[order]
+        self.token = tokens.indices.to_numpy()[order]
+        self.token_names = tokens.dictionary
+        self.known = table["known"].to_numpy(zero_copy_only=False)[order]
+        self.u = [table[f"u_{r}"].to_numpy()[order] for r in range(regions)]
+        self.m = [table[f"m_{r}"].to_numpy()[order] for r in range(regions)]
+        self.l = [table[f"l_{r}"].to_numpy()[order] for r in range(regions)]
+        n = len(order)
+        starts = np.ones(n, dtype=bool)
+        starts[1:] = (self.part[1:] != self.part[:-1]) | (self.key[1:] != self.key[:-1]) | (
+            self.replica[1:] != self.replica[:-1]
+        )
+        self.group = np.cumsum(starts) - 1
+        self.first = np.flatnonzero(starts)  # per group: its first row
+        self.end = np.append(self.first[1:], n)  # per group: one past its last row
+        self.pos = np.arange(n) - self.first[self.group]
+        # Where the run of equal content each row is in ends: the next run start (a group starts a run).
+        run_starts = starts.copy()
+        run_starts[1:] |= self.token[1:] != self.token[:-1]
+        at = np.flatnonzero(run_starts)
+        self.run_end = np.append(at, n)[np.searchsorted(at, np.arange(n), side="right")] - self.first[self.group]
+
+
+def _witness_columns(rows: _Rows, row: np.ndarray, bottom: np.ndarray, bottom_reach: list[np.ndarray], side: str):
+    """A witness version per proven key: a data row, or ⊥ where ``bottom`` (no row, content ABSENT, U = {})."""
+    at = np.where(bottom, 0, row)
+    token = rows.token_names.take(pa.array(rows.token[at]))
+    columns = {
+        f"witness_offset_{side}": pa.array(rows.offset[at], mask=bottom),
+        f"witness_hash_{side}": pc.if_else(pa.array(bottom), pa.scalar(ABSENT), token),
     }
-    # Where the content next changes after this row (the end of the run this row is in):
-    # the next run start. A lead that skips nulls finds it in one pass; a min over the frame
-    # "1 following to unbounded following" would be recomputed for every row (quadratic in
-    # a key's versions).
-    next_run_start = F.expr("lead(run_start, 1) IGNORE NULLS").over(in_order)
-    return indexed.select("*", run_starts.alias("run_start")).select(
-        *PART,
-        "replica",
-        "key",
-        "offset",
-        "token",
-        "touch",
-        "reach",
-        "pos",
-        F.coalesce(next_run_start, F.col("data_rows")).alias("run_end_pos"),
-        *[F.when(first, column).alias(name) for name, column in totals.items()],
+    for r in range(len(rows.u)):
+        columns[f"touch_{side}_{r}"] = pa.array(np.where(bottom, MISSING, rows.u[r][at]))
+        columns[f"reach_{side}_{r}"] = pa.array(np.where(bottom, bottom_reach[r], rows.m[r][at]))
+    return columns
+
+
+def _compare_pair(rows: _Rows, plan: PairPlan, schema: pa.Schema) -> pa.RecordBatch | None:
+    """Every key of one pair in this partition: counts, last versions, and the first proof if any."""
+    # The rows are sorted by topic partition first: this pair's are one slice.
+    lo, hi = np.searchsorted(rows.part, plan.part_id, side="left"), np.searchsorted(rows.part, plan.part_id, side="right")
+    members = [lo + np.flatnonzero(rows.replica[lo:hi] == replica) for replica in plan.replica_ids]
+    groups = [np.unique(rows.group[member]) for member in members]
+    keys = np.union1d(rows.key[rows.first[groups[0]]], rows.key[rows.first[groups[1]]])
+    if len(keys) == 0:
+        return None
+    count = len(keys)
+    sides = []
+    for side, member, side_groups, sop, end in zip(SIDES, members, groups, plan.sop, plan.end):
+        at = np.searchsorted(keys, rows.key[rows.first[side_groups]])
+        data_rows = np.zeros(count, dtype=np.int64)
+        data_rows[at] = rows.end[side_groups] - rows.first[side_groups]
+        first_row = np.full(count, -1)
+        first_row[at] = rows.first[side_groups]
+        # ⊥'s reach: L of the key's first row, or L(end) when the replica never writes the key.
+        bottom_reach = [np.where(first_row >= 0, l_r[np.maximum(first_row, 0)], end[r]) for r, l_r in enumerate(rows.l)]
+        sides.append({"side": side, "rows_in": member, "rows": data_rows, "first": first_row,
+                      "sop": int(sop), "bottom_reach": bottom_reach})
+
+    # The versions with a known U of both sides, ⊥ first where the dump starts with START_OF_PUSH.
+    parts: dict[str, list[np.ndarray]] = {c: [] for c in ("group", "is_b", "idx", "token", "run_end", *(
+        f"{v}_{r}" for v in "um" for r in range(len(rows.u))))}
+    for is_b, side in enumerate(sides):
+        data = side["rows_in"][rows.known[side["rows_in"]]]
+        parts["group"] += [np.searchsorted(keys, rows.key[data])]
+        parts["idx"] += [rows.pos[data] + side["sop"]]
+        parts["token"] += [rows.token[data]]
+        parts["run_end"] += [rows.run_end[data] + side["sop"]]
+        for r in range(len(rows.u)):
+            parts[f"u_{r}"] += [rows.u[r][data]]
+            parts[f"m_{r}"] += [rows.m[r][data]]
+        size = len(data)
+        if side["sop"]:
+            parts["group"] += [np.arange(count)]
+            parts["idx"] += [np.zeros(count, np.int64)]
+            parts["token"] += [np.full(count, -1)]  # ABSENT: no data token has code -1
+            parts["run_end"] += [np.ones(count, np.int64)]
+            for r in range(len(rows.u)):
+                parts[f"u_{r}"] += [np.full(count, MISSING)]
+                parts[f"m_{r}"] += [side["bottom_reach"][r]]
+            size += count
+        parts["is_b"] += [np.full(size, bool(is_b))]
+    arrays = {c: np.concatenate(v) for c, v in parts.items()}
+    regions = range(len(rows.u))
+    proven_groups, w_idx, v_idx = earliest_proofs(
+        arrays["group"], arrays["is_b"], arrays["idx"].astype(np.int64), arrays["token"].astype(np.int64),
+        arrays["run_end"].astype(np.int64), [arrays[f"u_{r}"] for r in regions], [arrays[f"m_{r}"] for r in regions],
     )
+    proven = np.zeros(count, dtype=bool)
+    proven[proven_groups] = True
+
+    columns: dict[str, pa.Array] = {
+        "pair_id": pa.array(np.full(count, plan.pair_id, dtype=np.int64)),
+        "proven": pa.array(proven),
+        "key": rows.key_names.dictionary.take(pa.array(keys)),
+    }
+    for side in sides:
+        s = side["side"]
+        has = side["rows"] > 0
+        last = np.where(has, side["first"] + side["rows"] - 1, 0)
+        columns[f"rows_{s}"] = pa.array(side["rows"])
+        columns[f"last_offset_{s}"] = pa.array(rows.offset[last], mask=~has)
+        columns[f"last_hash_{s}"] = rows.token_names.take(pa.array(rows.token[last], mask=~has))
+        # The witness of a proven key (the rest is overwritten with nulls below).
+        version = np.zeros(count, dtype=np.int64)
+        version[proven_groups] = w_idx if s == "b" else v_idx
+        bottom = (version < side["sop"]) & proven
+        row = np.where(bottom | ~proven, 0, side["first"] + version - side["sop"])
+        for name, values in _witness_columns(rows, row, bottom | ~proven, side["bottom_reach"], s).items():
+            columns[name] = pc.if_else(pa.array(proven), values, pa.nulls(count, values.type))
+    return pa.RecordBatch.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
 
-def _paired_versions(data_versions: DataFrame, pairs: DataFrame) -> DataFrame:
-    """Every data version once per pair its replica is in, as side a or b, indexed after ⊥ when there is one.
+def compare_keys(batches: Iterator[pa.RecordBatch], pairs: Sequence[PairPlan], regions: int) -> Iterator[pa.RecordBatch]:
+    """Steps 1-5 for every pair and key of one Spark partition (all rows of a key in a topic partition are here).
 
-    The pair is named by its ``pair_id`` alone, here and in every frame of the comparison.
-
-    ``pairs`` is a handful of rows (replica pairs per partition): the join broadcasts it.
-    """
-    as_side = F.explode(
-        F.array(*[F.struct(F.col(f"replica_{s}").alias("replica"), F.lit(s).alias("side")) for s in SIDES])
-    )
-    pair_sides = pairs.select(*PART, PAIR_ID, "sop_a", "sop_b", as_side.alias("as")).select(
-        *PART, PAIR_ID, "sop_a", "sop_b", "as.replica", "as.side"
-    )
-    shift = F.when(F.col("side") == "a", F.col("sop_a")).otherwise(F.col("sop_b")).cast(T.LongType())
-    return data_versions.join(F.broadcast(pair_sides), on=[*PART, "replica"], how="inner").select(
-        PAIR_ID,
-        "key",
-        "side",
-        (F.col("pos") + shift).alias("idx"),
-        "offset",
-        "token",
-        "touch",
-        "reach",
-        (F.col("run_end_pos") + shift).alias("run_end"),
-    )
-
-
-def _pair_keys(data_versions: DataFrame, pairs: DataFrame) -> DataFrame:
-    """Per pair, every key seen in either replica, with both sides' totals and what each side's dump knows."""
-
-    def side(s: str) -> DataFrame:
-        totals = data_versions.where(F.col("pos") == 0).select(
-            *PART, F.col("replica").alias(f"replica_{s}"), "key", *[F.col(c).alias(f"{c}_{s}") for c in TOTALS]
-        )
-        return totals.join(F.broadcast(pairs.select(*PAIR)), on=[*PART, f"replica_{s}"], how="inner")
-
-    keys = side("a").join(side("b"), on=[*PAIR, "key"], how="full")
-    return keys.join(F.broadcast(pairs), on=list(PAIR), how="inner")
-
-
-def _bottoms(pair_keys: DataFrame) -> DataFrame:
-    """⊥ of every pair key on each side whose dump starts with START_OF_PUSH: index 0, content ABSENT."""
-    candidates = F.array(
-        *[
-            F.struct(
-                F.lit(s).alias("side"),
-                F.col(f"sop_{s}").alias("has_bottom"),
-                F.coalesce(F.col(f"first_lower_bound_{s}"), F.col(f"end_{s}")).alias("reach"),
-            )
-            for s in SIDES
-        ]
-    )
-    return (
-        pair_keys.select(PAIR_ID, "key", F.inline(candidates))
-        .where(F.col("has_bottom"))
-        .select(
-            PAIR_ID,
-            "key",
-            "side",
-            F.lit(0).cast(T.LongType()).alias("idx"),
-            F.lit(None).cast(T.LongType()).alias("offset"),
-            F.lit(ABSENT).alias("token"),
-            empty_vector().alias("touch"),
-            "reach",
-            # Data tokens are hashes or TOMBSTONE, never ABSENT: the run of ⊥ ends right after it.
-            F.lit(1).cast(T.LongType()).alias("run_end"),
-        )
-    )
-
-
-PROOFS_SCHEMA = "pair_id long, key string, w_idx long, v_idx long"
-
-
-def first_proofs(batches: Iterator[pa.RecordBatch], regions: int) -> Iterator[pa.RecordBatch]:
-    """Steps 2-4 for every (pair, key) of one Spark partition, vectorized: its first proof, if any.
-
-    Input rows: every version with a known ``U`` of every (pair, key) whose rows are all in
-    this partition: ``pair_id, key, is_a, idx, token, run_end, u_0.., m_0..`` (dense vectors,
-    one column per region). Output: one row per proven (pair, key): the earliest proving
-    ``w_idx`` of B and the ``v_idx`` of A it differs from.
-
-    All groups are solved at once with sorts and binary searches over the whole partition
-    (numpy), never one group at a time: a group is a run of rows after sorting by (pair, key),
-    and a per-region value becomes ``group * span + rank of the value`` so that one sorted
-    array answers every group's rank queries.
+    Input rows: every data row, ``part_id, replica_id, key, offset, token, known`` (``U``
+    known) and dense ``u_r``, ``m_r``, ``l_r`` (``U``, ``M``, ``L``; one column per
+    region). Output: ``compare_columns(regions)``, one row per (pair, key) either replica
+    of the pair holds here.
     """
     received = list(batches)
     if not received:
@@ -247,169 +306,133 @@ def first_proofs(batches: Iterator[pa.RecordBatch], regions: int) -> Iterator[pa
     table = pa.Table.from_batches(received).combine_chunks()
     if table.num_rows == 0:
         return
-    pair = table["pair_id"].to_numpy()
-    key_code = pc.dictionary_encode(table["key"]).combine_chunks().indices.to_numpy()
-    is_b = ~table["is_a"].to_numpy(zero_copy_only=False)
-    idx = table["idx"].to_numpy()
-    # Sorted by group, then A's versions before B's, each in index order.
-    order = np.lexsort((idx, is_b, key_code, pair))
-    pair, key_code, is_b, idx = pair[order], key_code[order], is_b[order], idx[order]
-    new_group = np.ones(len(order), dtype=bool)
-    new_group[1:] = (pair[1:] != pair[:-1]) | (key_code[1:] != key_code[:-1])
-    group = np.cumsum(new_group) - 1
-    a_rows, b_rows = np.flatnonzero(~is_b), np.flatnonzero(is_b)
-    if len(a_rows) == 0 or len(b_rows) == 0:
-        return
-    group_a, group_b = group[a_rows], group[b_rows]
-    first_a = np.searchsorted(group_a, group_b, side="left")  # where w's group starts among A's rows
-    span = 2 * len(order) + 1
-    upper = np.full(len(b_rows), np.iinfo(np.int64).max)  # a(w) = min_r a_r(w)
-    lower = np.zeros(len(b_rows), dtype=np.int64)  # s(w) = max_r s_r(w)
-    for r in range(regions):
-        u = table[f"u_{r}"].to_numpy()[order]
-        m = table[f"m_{r}"].to_numpy()[order]
-        # Ranks of every U_r and M_r value of the partition, so that (group, value) fits one int64.
-        _, rank = np.unique(np.concatenate([u, m]), return_inverse=True)
-        u_rank, m_rank = rank[: len(order)], rank[len(order):]
-        a_u = np.sort(group_a * span + u_rank[a_rows])
-        a_m = np.sort(group_a * span + m_rank[a_rows])
-        # a_r(w) = #{v of A : U_r(v) <= M_r(w)}; s_r(w) = #{v of A : M_r(v) < U_r(w)}
-        upper = np.minimum(upper, np.searchsorted(a_u, group_b * span + m_rank[b_rows], side="right") - first_a)
-        lower = np.maximum(lower, np.searchsorted(a_m, group_b * span + u_rank[b_rows], side="left") - first_a)
-    in_range = lower < upper
-    # A's version at index s (A's indices in a group are 0..n-1: U is known for all or none).
-    at_s = a_rows[np.minimum(first_a + lower, len(a_rows) - 1)]
-    token = pc.dictionary_encode(table["token"]).combine_chunks().indices.to_numpy()[order]
-    run_end = pc.fill_null(table["run_end"], -1).to_numpy()[order]  # null on B's rows
-    differs = token[at_s] != token[b_rows]
-    proving = in_range & (differs | (run_end[at_s] < upper))
-    if not proving.any():
-        return
-    # The earliest proving w of each group (B's rows are in index order within a group).
-    proven = np.flatnonzero(proving)
-    _, first = np.unique(group_b[proven], return_index=True)
-    chosen = proven[first]
-    w_rows = b_rows[chosen]
-    v_idx = np.where(differs[chosen], idx[at_s[chosen]], run_end[at_s[chosen]])
-    yield pa.RecordBatch.from_arrays(
-        [
-            pa.array(pair[w_rows]),
-            table["key"].take(pa.array(order[w_rows])).combine_chunks(),
-            pa.array(idx[w_rows]),
-            pa.array(v_idx.astype(np.int64)),
-        ],
-        names=["pair_id", "key", "w_idx", "v_idx"],
-    )
+    schema = pa.schema([pa.field(f.name, _ARROW[type(f.dataType)]) for f in compare_columns(regions).fields])
+    rows = _Rows(table, regions)
+    present = set(np.unique(rows.part[rows.first]).tolist())
+    for plan in pairs:
+        if plan.part_id in present:
+            batch = _compare_pair(rows, plan, schema)
+            if batch is not None:
+                yield batch
 
 
-# The proof search runs in Spark's Python workers; they receive it by value, so executors
-# need numpy and pyarrow (PySpark's own requirements for Arrow) but not this project.
+_ARROW = {T.LongType: pa.int64(), T.StringType: pa.string(), T.BooleanType: pa.bool_()}
+
+# The pass runs in Spark's Python workers; they receive it by value, so executors need
+# numpy and pyarrow (PySpark's own requirements for Arrow) but not this project.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def _proofs(versions: DataFrame, regions: list[str]) -> DataFrame:
-    """Per (pair, key) with a proof: the earliest proving ``w_idx`` of B and its ``v_idx`` of A (steps 2-4).
+# ------------------------------------------------------------------- Spark side
+@dataclass(frozen=True)
+class _Layout:
+    """The replica partitions (a handful of rows, on the driver): regions, ids, and the pairs."""
 
-    One exchange puts every version of a (pair, key) into one partition; ``first_proofs``
-    solves all of a partition's groups at once. Only proven keys leave it.
-    """
-    if not regions:
-        # No region appears in any U: there is no data version to compare.
-        return versions.sparkSession.createDataFrame([], PROOFS_SCHEMA)
-    known = versions.where(F.col("touch").isNotNull()).select(
-        PAIR_ID, "key", (F.col("side") == "a").alias("is_a"), "idx", "token",
-        F.when(F.col("side") == "a", F.col("run_end")).alias("run_end"),
-        dense(F.col("touch"), regions).alias("u"), dense(F.col("reach"), regions).alias("m"),
+    regions: list[str]
+    replica_partitions: list[tuple]  # (snapshot_id, replica, topic, partition, part_id, replica_id)
+    pairs: list[tuple]  # (*PAIR, pair_id, sop_a, sop_b)
+    plans: list[PairPlan]
+
+
+def _layout(partition_wm: DataFrame) -> _Layout:
+    """Every pair of replicas holding the same topic partition, from one collect of ``partition_wm``."""
+    dumps = partition_wm.select(*REPLICA_PARTITION, "starts_with_sop", "end_lower_bound", "pre_history_bound").collect()
+    # Every region some U can name: the keys of L(end) and P (a superset is safe: a region no
+    # vector names compares -1 <= anything).
+    regions = sorted({r for d in dumps for v in (d["end_lower_bound"], d["pre_history_bound"]) if v for r in v})
+    by_part: dict[tuple, list] = {}
+    for dump in dumps:
+        by_part.setdefault(tuple(dump[c] for c in PART), []).append(dump)
+    replica_partitions, pairs, plans = [], [], []
+    for part_id, (part, members) in enumerate(sorted(by_part.items())):
+        members.sort(key=lambda d: d["replica"])
+        for replica_id, dump in enumerate(members):
+            replica_partitions.append((*(dump[c] for c in REPLICA_PARTITION), part_id, replica_id))
+        for i, a in enumerate(members):
+            for j in range(i + 1, len(members)):
+                b = members[j]
+                pair_id = len(pairs)
+                pairs.append((*part, a["replica"], b["replica"], pair_id, a["starts_with_sop"], b["starts_with_sop"]))
+                plans.append(PairPlan(
+                    pair_id=pair_id, part_id=part_id, replica_ids=(i, j),
+                    sop=(a["starts_with_sop"], b["starts_with_sop"]),
+                    end=tuple(tuple(d["end_lower_bound"].get(r, MISSING) for r in regions) for d in (a, b)),
+                ))
+    return _Layout(regions, replica_partitions, pairs, plans)
+
+
+def _compared(row_watermarks: DataFrame, layout: _Layout) -> DataFrame:
+    """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass."""
+    spark = row_watermarks.sparkSession
+    ids = spark.createDataFrame(
+        layout.replica_partitions,
+        "snapshot_id string, replica string, topic string, partition int, part_id int, replica_id int",
     )
-    flat = known.select(
-        PAIR_ID, "key", "is_a", "idx", "token", "run_end",
-        *[F.col("u")[i].alias(f"u_{i}") for i in range(len(regions))],
-        *[F.col("m")[i].alias(f"m_{i}") for i in range(len(regions))],
+    regions = layout.regions
+    dense_of = {"u": dense(F.col("touch_bound"), regions), "m": dense(F.col("reach"), regions),
+                "l": dense(F.col("applied_lower_bound"), regions)}
+    flat = row_watermarks.join(F.broadcast(ids), on=list(REPLICA_PARTITION), how="inner").select(
+        "part_id", "replica_id", "key", "offset", F.col("value_hash").alias("token"),
+        F.col("touch_bound").isNotNull().alias("known"), *[dense_of[v].alias(v) for v in dense_of],
+    ).select(
+        "part_id", "replica_id", "key", "offset", "token", "known",
+        *[F.coalesce(F.col(v)[r], F.lit(MISSING).cast(T.LongType())).alias(f"{v}_{r}")
+          for v in dense_of for r in range(len(regions))],
     )
-    return flat.repartition(PAIR_ID, "key").mapInArrow(partial(first_proofs, regions=len(regions)), PROOFS_SCHEMA)
-
-
-def _witnesses(versions: DataFrame, pairs: DataFrame, row_watermarks: DataFrame, regions: list[str]) -> DataFrame:
-    """Per (pair, key) with a proof: the earliest proving w of B and the first differing v of A (steps 3-4).
-
-    Values travel with the few witnesses only: they are looked up in ``row_watermarks`` at
-    the end (⊥ has none).
-    """
-    # One row per proven pair key, read three times below: computed once. Its size is known
-    # when it is joined, so adaptive execution broadcasts it when it is small (no hint: a
-    # replica that lost everything proves every key).
-    witnesses = computed_once(_proofs(versions, regions))
-    wanted = witnesses.select(
-        PAIR_ID, "key", F.inline(F.array(*[
-            F.struct(F.lit(s).alias("side"), F.col(c).alias("idx")) for s, c in (("a", "v_idx"), ("b", "w_idx"))
-        ]))
-    )
-    named = F.broadcast(pairs.select(PAIR_ID, *PAIR))
-    picked = (
-        versions.join(wanted, on=[PAIR_ID, "key", "side", "idx"], how="inner")
-        .join(named, on=PAIR_ID, how="inner")
-        .select(
-            PAIR_ID, "key", "side", "offset", "token", "touch", "reach", *PART,
-            F.when(F.col("side") == "a", F.col("replica_a")).otherwise(F.col("replica_b")).alias("replica"),
-        )
-    )
-    # ⊥ has no row (and no value); a data version's value is the row's at its offset.
-    values = row_watermarks.join(
-        picked.where(F.col("offset").isNotNull()).select(*PART, "replica", "key", "offset").distinct(),
-        on=[*PART, "replica", "key", "offset"],
-        how="inner",
-    ).select(*PART, "replica", "key", "offset", "value")
-    picked = picked.join(values, on=[*PART, "replica", "key", "offset"], how="left")
-
-    def side(s: str) -> DataFrame:
-        return picked.where(F.col("side") == s).select(
-            PAIR_ID,
-            "key",
-            F.col("offset").alias(f"witness_offset_{s}"),
-            F.col("token").alias(f"witness_hash_{s}"),
-            F.col("touch").alias(f"touch_bound_{s}"),
-            F.col("reach").alias(f"reach_{s}"),
-            F.col("value").alias(f"witness_value_{s}"),
-        )
-
-    return (
-        witnesses.join(side("a"), on=[PAIR_ID, "key"], how="inner")
-        .join(side("b"), on=[PAIR_ID, "key"], how="inner")
-        .join(named, on=PAIR_ID, how="inner")
-        .drop(PAIR_ID)
+    schema = compare_columns(len(regions))
+    return flat.repartition("part_id", "key").mapInArrow(
+        partial(compare_keys, pairs=layout.plans, regions=len(regions)), schema
     )
 
 
-def _verdicts(pair_keys: DataFrame, witnesses: DataFrame) -> DataFrame:
-    """Every pair key with its verdict, version counts, last versions and (when proven) witness."""
+def _verdicts(compared: DataFrame, pairs: DataFrame, regions: list[str]) -> DataFrame:
+    """Every pair key with its verdict, version counts and (when proven) witness vectors, named by its pair."""
+    rows_a, rows_b = F.col("rows_a"), F.col("rows_b")
+    versions_a = rows_a + F.col("sop_a").cast(T.LongType())
+    versions_b = rows_b + F.col("sop_b").cast(T.LongType())
+    proven = F.col("proven")
 
-    def side(s: str) -> tuple[Column, Column, Column]:
-        data_rows = F.coalesce(F.col(f"data_rows_{s}"), F.lit(0).cast(T.LongType()))
-        versions = data_rows + F.col(f"sop_{s}").cast(T.LongType())
-        last_hash = F.coalesce(F.col(f"last_hash_{s}"), F.when(F.col(f"sop_{s}"), F.lit(ABSENT)))
-        return data_rows, versions, last_hash
+    def last_hash(s: str) -> Column:
+        return F.coalesce(F.col(f"last_hash_{s}"), F.when(F.col(f"sop_{s}"), F.lit(ABSENT)))
 
-    rows_a, versions_a, last_a = side("a")
-    rows_b, versions_b, last_b = side("b")
-    proven = F.col("w_idx").isNotNull()
     verdict = (
         F.when(proven & ((rows_a == 0) | (rows_b == 0)), F.lit("MISSING"))
         .when(proven, F.lit("DIVERGENT"))
-        .when((versions_a == 0) | (versions_b == 0) | (last_a != last_b), F.lit("IN_FLIGHT"))
+        .when((versions_a == 0) | (versions_b == 0) | (last_hash("a") != last_hash("b")), F.lit("IN_FLIGHT"))
         .otherwise(F.lit("CONSISTENT"))
     )
     # A proof needs a version on both sides, so a side without data rows holds only ⊥.
     missing_in = F.when(proven & (rows_a == 0), F.col("replica_a")).when(proven & (rows_b == 0), F.col("replica_b"))
-    keep = [c for c in pair_keys.columns if c not in ("last_hash_a", "last_hash_b")]
-    return pair_keys.select(*keep, last_a.alias("last_hash_a"), last_b.alias("last_hash_b")).join(
-        witnesses, on=[*PAIR, "key"], how="left"
-    ).select(
-        "*",
-        verdict.alias("verdict"),
-        missing_in.alias("missing_in"),
-        versions_a.alias("versions_a"),
-        versions_b.alias("versions_b"),
+    vectors = [
+        F.when(proven, sparse([F.col(f"{v}_{s}_{r}") for r in range(len(regions))], regions)).alias(f"{name}_{s}")
+        for s in SIDES for v, name in (("touch", "touch_bound"), ("reach", "reach"))
+    ]
+    return compared.join(F.broadcast(pairs), on="pair_id", how="inner").select(
+        *PAIR, "key", verdict.alias("verdict"), missing_in.alias("missing_in"),
+        *[F.col(f"{c}_{s}") for c in ("witness_offset", "witness_hash", "last_offset") for s in SIDES],
+        last_hash("a").alias("last_hash_a"), last_hash("b").alias("last_hash_b"),
+        versions_a.alias("versions_a"), versions_b.alias("versions_b"), *vectors,
     )
+
+
+def _with_values(reports: DataFrame, row_watermarks: DataFrame) -> DataFrame:
+    """The value of each witness, looked up in ``row_watermarks`` (⊥ has none); one scan for the few witnesses."""
+    wanted = reports.select(
+        *PART, "key", F.inline(F.array(*[
+            F.struct(F.col(f"replica_{s}").alias("replica"), F.col(f"witness_offset_{s}").alias("offset"))
+            for s in SIDES
+        ]))
+    ).where(F.col("offset").isNotNull()).distinct()
+    values = row_watermarks.join(wanted, on=[*REPLICA_PARTITION, "key", "offset"], how="inner").select(
+        *REPLICA_PARTITION, "key", "offset", "value"
+    )
+    for s in SIDES:
+        side = values.select(
+            *PART, F.col("replica").alias(f"replica_{s}"), "key",
+            F.col("offset").alias(f"witness_offset_{s}"), F.col("value").alias(f"witness_value_{s}"),
+        )
+        reports = reports.join(side, on=[*PART, f"replica_{s}", "key", f"witness_offset_{s}"], how="left")
+    return reports
 
 
 def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
@@ -433,17 +456,16 @@ def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
 
 def compare_replicas(row_watermarks: DataFrame, partition_wm: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Leap Frog over every replica pair: (``divergence_reports``, ``divergence_summary``)."""
-    # Every region some U can name (a superset is safe: a region no U names compares -1 <= anything).
-    regions = partition_regions(partition_wm)
-    pairs = computed_once(_replica_pairs(partition_wm))
-    # Later steps read the indexed versions (once per pair their replica is in, through a
-    # broadcast join with the few pairs) and the pair keys several times, and reports and
-    # summary both derive from the verdicts: each is computed once (a local checkpoint).
-    data_versions = computed_once(_data_versions(row_watermarks))
-    pair_keys = computed_once(_pair_keys(data_versions, pairs))
-    versions = _paired_versions(data_versions, pairs).unionByName(_bottoms(pair_keys))
-    verdicts = computed_once(_verdicts(pair_keys, _witnesses(versions, pairs, row_watermarks, regions)))
-    reports = verdicts.where(F.col("verdict") != "CONSISTENT")
+    layout = _layout(partition_wm)
+    spark = row_watermarks.sparkSession
+    pairs = spark.createDataFrame(
+        layout.pairs,
+        "snapshot_id string, topic string, partition int, replica_a string, replica_b string, "
+        "pair_id long, sop_a boolean, sop_b boolean",
+    )
+    # Reports and summary both derive from the verdicts: computed once (a local checkpoint).
+    verdicts = computed_once(_verdicts(_compared(row_watermarks, layout), pairs, layout.regions))
+    reports = _with_values(verdicts.where(F.col("verdict") != "CONSISTENT"), row_watermarks)
     return (
         conform(reports, DivergenceReports.to_structtype()),
         conform(_summary(pairs, verdicts), DivergenceSummary.to_structtype()),

@@ -457,9 +457,9 @@ def test_a_hot_key_is_compared_with_work_linear_in_its_versions(spark):
     its result only reads the last checkpoint. Only compare_replicas' signature and outputs
     are relied on, so any near-linear implementation passes. Both controls run under the
     same measurement and are flagged by it, or the measurement would prove nothing.
-    The proof search runs in Spark's Python workers (``first_proofs``), where Spark's
-    metrics see its input and output rows only: its own work on a hot key is checked in
-    ``tests/test_leapfrog_kernel.py``.
+    The comparison itself runs in Spark's Python workers (``compare_keys``), where Spark's
+    metrics see its input and output rows only: the proof search's own work on a hot key
+    (``earliest_proofs``) is checked in ``tests/test_leapfrog_kernel.py``.
     """
     # The expected witness is the reference's (which pairs versions: checked on a small instance).
     small = hot_key_rows("small", 400)

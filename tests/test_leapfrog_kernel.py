@@ -1,8 +1,8 @@
 """The vectorized proof search of the Leap Frog comparison against the definition, without Spark.
 
-``pipelines.leapfrog.first_proofs`` solves every (pair, key) of a Spark partition at once
-with sorts and binary searches. Here it is fed random groups (several pairs and keys, mixed
-together and cut into arbitrary Arrow batches, as Spark delivers them) and compared with
+``pipelines.leapfrog.earliest_proofs`` solves every (pair, key) of a Spark partition at
+once with sorts and binary searches. Here it is fed random groups (several pairs and keys,
+their rows shuffled together) and compared with
 the definition, written as plainly as possible: w of B proves divergence when some version
 v of A overlaps it (``U(v) <= M(w)`` and ``U(w) <= M(v)``, componentwise) with other
 content; the witness is the earliest such w and the earliest such v of it.
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import random
 
-import pyarrow as pa
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.leapfrog import first_proofs
+from pipelines.leapfrog import earliest_proofs
 
 
 def _side(rng: random.Random, count: int, regions: int) -> list[dict]:
@@ -53,42 +53,43 @@ def _by_definition(groups: dict) -> dict:
     return found
 
 
+def _search(rows: list[dict], regions: int) -> list[tuple[int, int, int]]:
+    """``earliest_proofs`` over ``rows`` (dicts with group, is_a, idx, token, run_end, u, m): (group, w, v)."""
+    def column(name, dtype=np.int64):
+        return np.array([r[name] for r in rows], dtype=dtype)
+
+    groups, w_idx, v_idx = earliest_proofs(
+        column("group"), ~column("is_a", bool), column("idx"), column("token"), column("run_end"),
+        [np.array([r["u"][i] for r in rows], dtype=np.int64) for i in range(regions)],
+        [np.array([r["m"][i] for r in rows], dtype=np.int64) for i in range(regions)],
+    )
+    return list(zip(groups.tolist(), w_idx.tolist(), v_idx.tolist()))
+
+
 @settings(max_examples=150, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), regions=st.integers(1, 3), batch_rows=st.integers(1, 40))
-def test_the_vectorized_search_finds_exactly_the_first_proof_of_every_group(seed, regions, batch_rows):
+@given(seed=st.integers(0, 2**32 - 1), regions=st.integers(1, 3))
+def test_the_vectorized_search_finds_exactly_the_first_proof_of_every_group(seed, regions):
     # Catches: groups mixed up (keys or pairs sharing a rank array), an off-by-one between
     # "<=" and "<" in the two rank problems, the witness taken at s when the range's first
     # differing version lies further, a later proof reported instead of the earliest, or
-    # rows lost when a partition arrives in several batches.
+    # a search that depends on the order its rows arrive in.
     rng = random.Random(seed)
     groups = {
-        (pair, f"k{key}"): (_side(rng, rng.randint(0, 6), regions), _side(rng, rng.randint(0, 6), regions))
-        for pair in (1, 2)
-        for key in range(rng.randint(1, 5))
+        group: (_side(rng, rng.randint(0, 6), regions), _side(rng, rng.randint(0, 6), regions))
+        for group in range(rng.randint(1, 10))
     }
+    tokens = {"x": 0, "y": 1, "z": 2}
     rows = [
-        {"pair_id": pair, "key": key, "is_a": is_a, "idx": v["idx"], "token": v["token"],
-         "run_end": v["run_end"] if is_a else None,
-         **{f"u_{r}": v["u"][r] for r in range(regions)}, **{f"m_{r}": v["m"][r] for r in range(regions)}}
-        for (pair, key), sides in groups.items()
+        {"group": group, "is_a": is_a, "idx": v["idx"], "token": tokens[v["token"]],
+         "run_end": v["run_end"] if is_a else -1, "u": v["u"], "m": v["m"]}
+        for group, sides in groups.items()
         for is_a, side in ((True, sides[0]), (False, sides[1]))
         for v in side
     ]
     rng.shuffle(rows)
-    schema = pa.schema(
-        [("pair_id", pa.int64()), ("key", pa.string()), ("is_a", pa.bool_()), ("idx", pa.int64()),
-         ("token", pa.string()), ("run_end", pa.int64())]
-        + [(f"{c}_{r}", pa.int64()) for c in "um" for r in range(regions)]
-    )
-    table = pa.Table.from_pylist(rows, schema=schema)
-    batches = table.to_batches(max_chunksize=batch_rows) if rows else []
-
-    found = {}
-    for batch in first_proofs(iter(batches), regions=regions):
-        for row in batch.to_pylist():
-            assert (row["pair_id"], row["key"]) not in found, "one proof per (pair, key)"
-            found[(row["pair_id"], row["key"])] = (row["w_idx"], row["v_idx"])
-    assert found == _by_definition(groups)
+    found = _search(rows, regions)
+    assert len({g for g, _, _ in found}) == len(found), "one proof per group"
+    assert {g: (w, v) for g, w, v in found} == _by_definition(groups)
 
 
 def test_a_hot_key_is_searched_in_memory_linear_in_its_versions():
@@ -98,19 +99,18 @@ def test_a_hot_key_is_searched_in_memory_linear_in_its_versions():
     import tracemalloc
 
     versions = 20_000
+    # Every version of B overlaps every version of A, and only B's last one differs.
     rows = {
-        "pair_id": [1] * (2 * versions), "key": ["hot"] * (2 * versions),
-        "is_a": [True] * versions + [False] * versions, "idx": list(range(versions)) * 2,
-        # Every version of B overlaps every version of A, and only B's last one differs.
-        "token": ["x"] * (2 * versions - 1) + ["y"], "run_end": [versions] * versions + [None] * versions,
-        "u_0": [0] * (2 * versions), "m_0": [10] * (2 * versions),
+        "group": np.zeros(2 * versions, np.int64), "is_b": np.repeat([False, True], versions),
+        "idx": np.tile(np.arange(versions), 2), "token": np.append(np.zeros(2 * versions - 1, np.int64), 1),
+        "run_end": np.full(2 * versions, versions), "u": [np.zeros(2 * versions, np.int64)],
+        "m": [np.full(2 * versions, 10, np.int64)],
     }
-    batch = pa.RecordBatch.from_pydict(rows)
     tracemalloc.start()
     try:
-        found = [row for out in first_proofs(iter([batch]), regions=1) for row in out.to_pylist()]
+        groups, w_idx, v_idx = earliest_proofs(**rows)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert found == [{"pair_id": 1, "key": "hot", "w_idx": versions - 1, "v_idx": 0}]
+    assert (groups.tolist(), w_idx.tolist(), v_idx.tolist()) == ([0], [versions - 1], [0])
     assert peak < 40 * 1024 * 1024, peak
