@@ -81,7 +81,7 @@ def spark_config(
         DATAFRAME_DEBUGGING: "false",
     }
     for option in JAVA_OPTION_KEYS:
-        conf[option] = java_options((extra or {}).get(option, ""))
+        conf[option] = java_options((extra or {}).get(option, ""), driver=option == JAVA_OPTION_KEYS[0])
     jars = delta_jars(delta_jars_dir)
     if jars:
         conf["spark.jars"] = ",".join(jars)
@@ -99,12 +99,24 @@ DEFAULT_JAVA_OPTIONS = "-XX:+UseParallelGC"
 JAVA_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 
 
-def java_options(user_options: str) -> str:
-    """The JVM options of the driver and executors: the user's, after the default collector unless they pick one."""
-    user_options = user_options.strip()
-    if re.search(r"-XX:\+Use\w*GC\b", user_options):
-        return user_options
-    return f"{DEFAULT_JAVA_OPTIONS} {user_options}".strip()
+# The driver's log configuration while the session starts (the level is set once it is up):
+# without it Spark prints its default profile's banner and Hadoop's native-library warning.
+LOG_CONFIGURATION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+
+
+def java_options(user_options: str, driver: bool = False) -> str:
+    """The JVM options of the driver or executors: the user's, after the project's defaults unless they pick their own.
+
+    Defaults: the throughput collector, and for the driver the project's log4j2 configuration
+    (``resources/log4j2.properties``), unless the options name a collector or a log4j2
+    configuration file.
+    """
+    options = user_options.strip()
+    if driver and "log4j2.configurationFile" not in options and " " not in LOG_CONFIGURATION:
+        options = f"-Dlog4j2.configurationFile=file:{LOG_CONFIGURATION} {options}".strip()
+    if re.search(r"-XX:\+Use\w*GC\b", options):
+        return options
+    return f"{DEFAULT_JAVA_OPTIONS} {options}".strip()
 
 
 def build_spark_session(log_level: str = "ERROR", **kwargs) -> SparkSession:

@@ -119,11 +119,14 @@ def test_the_session_runs_the_throughput_collector_unless_the_user_picks_one():
     # JVM options lost when the default is added.
     from resources.spark import spark_config
 
+    from resources.spark import LOG_CONFIGURATION
+
+    logs = f"-Dlog4j2.configurationFile=file:{LOG_CONFIGURATION}"
     default = spark_config()
-    for side in ("driver", "executor"):
-        assert default[f"spark.{side}.extraJavaOptions"] == "-XX:+UseParallelGC"
+    assert default["spark.driver.extraJavaOptions"] == f"-XX:+UseParallelGC {logs}"
+    assert default["spark.executor.extraJavaOptions"] == "-XX:+UseParallelGC"
     chosen = spark_config(extra={"spark.driver.extraJavaOptions": "-XX:+UseG1GC -Xss4m"})
-    assert chosen["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC -Xss4m"
+    assert chosen["spark.driver.extraJavaOptions"] == f"{logs} -XX:+UseG1GC -Xss4m"
     assert chosen["spark.executor.extraJavaOptions"] == "-XX:+UseParallelGC"
     kept = spark_config(
         extra={"spark.executor.extraJavaOptions": "-Dreplica.lens=1", "spark.yarn.am.extraJavaOptions": "-Xss4m"}
@@ -131,6 +134,36 @@ def test_the_session_runs_the_throughput_collector_unless_the_user_picks_one():
     assert kept["spark.executor.extraJavaOptions"] == "-XX:+UseParallelGC -Dreplica.lens=1"
     # Other JVMs' options pass through untouched.
     assert kept["spark.yarn.am.extraJavaOptions"] == "-Xss4m"
+
+
+def test_a_session_starts_without_spark_or_hadoop_chatter_unless_the_user_brings_a_log_configuration(tmp_path):
+    # Catches: the project's log4j2 file not reaching the driver JVM (Spark's banner "Using
+    # Spark's default log4j profile", its "Setting default log level" notice and start-up
+    # WARN lines back on every audit's stderr), or a user's own log configuration overridden.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = "from resources.spark import build_spark_session as b; import json, sys; " \
+             "print(b(extra=json.loads(sys.argv[1])).range(3).count())"
+    own = tmp_path / "log4j2.properties"
+    own.write_text("rootLogger.level = warn\nrootLogger.appenderRef.stderr.ref = console\n"
+                   "appender.console.type = Console\nappender.console.name = console\n"
+                   "appender.console.target = SYSTEM_ERR\n")
+
+    def start(extra: dict) -> str:
+        done = subprocess.run([sys.executable, "-c", script, json.dumps(extra)], capture_output=True, text=True,
+                              timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
+        assert done.returncode == 0 and done.stdout.strip() == "3", done.stderr
+        return done.stderr
+
+    quiet = start({})
+    for chatter in ("log4j profile", "Setting default log level", " WARN ", " INFO "):
+        assert chatter not in quiet, quiet
+    chatty = start({"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{own}"})
+    # The user's file is the one read: Hadoop's warning, which the project's file hides, is back.
+    assert "native-hadoop" in chatty, chatty
 
 
 def test_the_default_collector_reaches_the_jvm_the_session_starts(spark):
@@ -154,7 +187,10 @@ def test_building_expressions_costs_few_round_trips_to_the_jvm(spark):
     original = type(client).send_command
 
     def counting(self, command, *args, **kwargs):
-        sent.append(command)
+        # py4j also sends "m\nd\n..." (release a JVM object) whenever Python's garbage
+        # collector frees a proxy, whatever the code under test does: not counted.
+        if not command.startswith("m\nd\n"):
+            sent.append(command)
         return original(self, command, *args, **kwargs)
 
     type(client).send_command = counting
