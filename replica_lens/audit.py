@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, TextIO
 
 import dagster as dg
+from dagster._core.utils import make_new_run_id
 
 from assets.partitions import SNAPSHOTS
 from replica_lens.jobs import AUDIT_JOB
@@ -53,11 +54,13 @@ def run_audit(
     warehouse: str,
     instance: Optional[dg.DagsterInstance] = None,
     log_level: str = "DEBUG",
+    watcher: Optional["StepPrinter"] = None,
     **settings: Any,
 ) -> SnapshotAudit:
     """Materialize every per-snapshot asset of ``snapshot_id`` in this process; never raises on run failure.
 
-    ``log_level`` is the level of Dagster's console log (its event log is DEBUG).
+    ``log_level`` is the level of Dagster's console log (its event log is DEBUG). A
+    ``watcher`` receives the run's events while it runs (``StepPrinter``).
     """
     from replica_lens.definitions import build_definitions
 
@@ -66,12 +69,21 @@ def run_audit(
     instance = instance or dg.DagsterInstance.ephemeral()
     if not instance.has_dynamic_partition(SNAPSHOTS, snapshot_id):
         instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
-    result = job.execute_in_process(
-        partition_key=snapshot_id,
-        instance=instance,
-        raise_on_error=False,
-        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-    )
+    run_id = make_new_run_id()
+    if watcher is not None:
+        instance.watch_event_logs(run_id, None, watcher)
+    try:
+        result = job.execute_in_process(
+            partition_key=snapshot_id,
+            instance=instance,
+            raise_on_error=False,
+            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+            run_id=run_id,
+        )
+    finally:
+        if watcher is not None:
+            instance.end_watch_event_logs(run_id, watcher)
+            watcher.finish(instance, run_id)
     audit = SnapshotAudit(snapshot_id=snapshot_id, success=result.success, run_id=result.run_id)
     for event in result.get_asset_materialization_events():
         materialization = event.event_specific_data.materialization
@@ -198,8 +210,9 @@ def status_line(stream: TextIO, label: str, every: float = 1.0, enabled: bool = 
                 progress = ""
             elapsed = int(time.monotonic() - started)
             text = f"{label}: {elapsed // 60}m{elapsed % 60:02d}s" + (f"  {progress}" if progress else "")
-            stream.write("\r\x1b[K" + text[:160])
-            stream.flush()
+            with _OUTPUT:
+                stream.write("\r\x1b[K" + text[:160])
+                stream.flush()
 
     thread = threading.Thread(target=show, name="replica-lens-status", daemon=True)
     thread.start()
@@ -208,29 +221,79 @@ def status_line(stream: TextIO, label: str, every: float = 1.0, enabled: bool = 
     finally:
         done.set()
         thread.join()
-        stream.write("\r\x1b[K")
-        stream.flush()
+        with _OUTPUT:
+            stream.write("\r\x1b[K")
+            stream.flush()
 
 
-def step_lines(instance: dg.DagsterInstance, audit: SnapshotAudit) -> list[str]:
-    """One line per step of the run, in the order they ran: seconds, status, and the rows of what it wrote."""
-    lines = []
-    for stats in sorted(instance.get_run_step_stats(audit.run_id), key=lambda s: s.start_time or 0):
-        seconds = (stats.end_time or stats.start_time or 0) - (stats.start_time or 0)
-        status = stats.status.value.lower() if stats.status else "unknown"
-        written = []
-        for key in _materialized_keys(instance, audit.run_id, stats.step_key):
-            table = key.to_user_string()
-            rows = audit.value(table, "dagster/row_count")
-            written.append(f"{table} {rows:,}" if isinstance(rows, int) else table)
-        rows = f"  rows: {', '.join(written)}" if written else ""
-        lines.append(f"  step {stats.step_key:<44} {seconds:7.1f} s  {status}{rows}")
-    return lines
+# One line at a time on the terminal: the status line's thread and the step lines share it.
+_OUTPUT = threading.RLock()
 
 
-def _materialized_keys(instance: dg.DagsterInstance, run_id: str, step_key: str) -> list[dg.AssetKey]:
-    records = instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION)
-    return [r.dagster_event.asset_key for r in records if r.step_key == step_key and r.dagster_event]
+def _step_line(step_key: str, seconds: float, status: str, written: list[tuple[str, Any]]) -> str:
+    tables = ", ".join(f"{table} {rows:,}" if isinstance(rows, int) else table for table, rows in written)
+    rows = f"  rows: {tables}" if tables else ""
+    return f"  step {step_key:<44} {seconds:7.1f} s  {status}{rows}"
+
+
+class StepPrinter:
+    """Prints one line per step of a run as the step ends: seconds, status, and the rows of what it wrote.
+
+    Called with each event of the run (``DagsterInstance.watch_event_logs``): in the run's
+    own thread for an ephemeral instance, from a file watcher's thread for one on disk
+    (``DAGSTER_HOME``), which may deliver the last events after the run returned: ``finish``
+    then prints what is missing from the run's step statistics. Each step is printed once.
+    On a terminal the line replaces the status line, which comes back on its next tick.
+    """
+
+    _ENDS = {"STEP_SUCCESS": "success", "STEP_FAILURE": "failure", "STEP_SKIPPED": "skipped"}
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.started: dict[str, float] = {}
+        self.written: dict[str, list[tuple[str, Any]]] = {}
+        self.printed: set[str] = set()
+
+    def __call__(self, entry: Any, _cursor: Any = None) -> None:
+        event = entry.dagster_event
+        if event is None or event.step_key is None:
+            return
+        kind = event.event_type_value
+        if kind == "STEP_START":
+            self.started[event.step_key] = entry.timestamp
+        elif kind == "ASSET_MATERIALIZATION":
+            materialization = event.event_specific_data.materialization
+            rows = materialization.metadata.get("dagster/row_count")
+            self.written.setdefault(event.step_key, []).append(
+                (materialization.asset_key.to_user_string(), getattr(rows, "value", None))
+            )
+        elif kind in self._ENDS:
+            seconds = entry.timestamp - self.started.get(event.step_key, entry.timestamp)
+            self._print(event.step_key, seconds, self._ENDS[kind], self.written.get(event.step_key, []))
+
+    def finish(self, instance: dg.DagsterInstance, run_id: str) -> None:
+        """Print the steps whose end was not delivered (yet), in the order they ran."""
+        for stats in sorted(instance.get_run_step_stats(run_id), key=lambda s: s.start_time or 0):
+            if stats.step_key in self.printed:
+                continue
+            seconds = (stats.end_time or stats.start_time or 0) - (stats.start_time or 0)
+            status = stats.status.value.lower() if stats.status else "unknown"
+            written = []
+            for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
+                if record.step_key == stats.step_key and record.dagster_event:
+                    materialization = record.dagster_event.event_specific_data.materialization
+                    rows = materialization.metadata.get("dagster/row_count")
+                    written.append((materialization.asset_key.to_user_string(), getattr(rows, "value", None)))
+            self._print(stats.step_key, seconds, status, written)
+
+    def _print(self, step_key: str, seconds: float, status: str, written: list[tuple[str, Any]]) -> None:
+        with _OUTPUT:
+            if step_key in self.printed:
+                return
+            self.printed.add(step_key)
+            erase = "\r\x1b[K" if self.stream.isatty() else ""
+            self.stream.write(erase + _step_line(step_key, seconds, status, written) + "\n")
+            self.stream.flush()
 
 
 def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
@@ -311,13 +374,12 @@ def audit_snapshots(
                 warehouse,
                 instance=instance,
                 log_level=DAGSTER_LOG_LEVELS[verbosity],
+                watcher=StepPrinter(out) if verbosity != "quiet" else None,
                 spark_master=spark_master,
                 delta_jars_dir=delta_jars_dir,
                 shuffle_partitions=shuffle_partitions,
                 spark_log_level=SPARK_LOG_LEVELS[verbosity],
             )
-        if verbosity != "quiet":
-            print("\n".join(step_lines(instance, audit)), file=out, flush=True)
         print("\n".join(summary_lines(audit)), file=out, flush=True)
         documents.append(audit_document(audit))
         if not audit.success:

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import dagster as dg
 import pytest
 
-from replica_lens.audit import run_audit
+from replica_lens.audit import StepPrinter, run_audit
 from replica_lens.cli import main
 from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
@@ -30,6 +31,22 @@ def _table_counts(spark, warehouse: Path, snapshot_id: str) -> dict[str, int]:
     return {t: store.read_snapshot(spark, t, snapshot_id, struct_for(t)).count() for t in PER_SNAPSHOT_TABLES}
 
 
+class _Recorder:
+    """A pipe-like stream that records when each line was written."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> None:
+        self.lines.extend((time.time(), line) for line in text.splitlines() if line.strip())
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
 @pytest.fixture()
 def example_landing(tmp_path) -> Path:
     landing = tmp_path / "landing"
@@ -40,9 +57,21 @@ def example_landing(tmp_path) -> Path:
 @pytest.mark.slow
 def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_landing, tmp_path):
     warehouse = tmp_path / "warehouse"
-    audit = run_audit("two-regions", str(example_landing), str(warehouse), **SETTINGS)
+    instance = dg.DagsterInstance.ephemeral()
+    printed = _Recorder()
+    audit = run_audit("two-regions", str(example_landing), str(warehouse), instance=instance,
+                      watcher=StepPrinter(printed), **SETTINGS)
 
     assert audit.success, audit.error
+    # Step lines come as each step ends, not after the run (catches lines printed only once
+    # the run is over, a step printed twice or never): the ingestion's line is out before
+    # the divergence step starts.
+    stats = {s.step_key: s for s in instance.get_run_step_stats(audit.run_id)}
+    lines = {text.split()[1]: (at, text) for at, text in printed.lines}
+    assert set(lines) == set(stats) and len(printed.lines) == len(stats)
+    at, text = lines["raw_topic_snapshots"]
+    assert "success" in text and "raw_topic_snapshots 102" in text, text
+    assert at < stats["divergence_reports"].start_time
     assert audit.failed_checks == ["divergence_reports:no_proven_divergence"]
     expected = json.loads((EXAMPLE / "two-regions.expected.json").read_text())["expected_reports"]
     proven = {r for r in _reports(spark, warehouse, "two-regions") if r[-1] in ("DIVERGENT", "MISSING")}
