@@ -2,6 +2,8 @@
 
 A snapshot whose dumps continue earlier ones is compared with the state carried over
 from them (``pipelines/state.py``); the state after it is written last, in one commit.
+A dump that overlaps the state it continues is verified against the predecessor's raw
+rows first; ``carried_from`` says, per replica partition, which overlap was verified.
 """
 
 import dagster as dg
@@ -59,8 +61,12 @@ def divergence_reports(context: dg.AssetExecutionContext, spark: SparkResource, 
     rows = read_stage(session, store, "reconstructed_watermarks", snapshot_id)
     partitions = read_stage(session, store, "partition_watermarks", snapshot_id)
     try:
-        # Every snapshot's state but this one's: re-materializing it starts from the state before it.
-        prior = prior_state(read_stage(session, store, "replica_state", None), partitions, snapshot_id)
+        # Every snapshot's state but this one's: re-materializing it starts from the state before it. The raw
+        # rows are read only where a dump overlaps the state it continues, to verify the overlap.
+        prior = prior_state(
+            read_stage(session, store, "replica_state", None), partitions, snapshot_id,
+            read_stage(session, store, "raw_topic_snapshots", None),
+        )
     except StateRefused as refused:
         raise dg.Failure(description=str(refused), allow_retries=False) from refused
     if prior.links:

@@ -13,7 +13,8 @@ What is carried
 Only the divergence stage uses the state: the per-snapshot tables (segments, watermarks,
 lag, exporters) keep describing the snapshot's own rows. For a continued replica
 partition, ``carry_over`` rewrites S's ``reconstructed_watermarks`` and
-``partition_watermarks`` as if the stream had been dumped as one:
+``partition_watermarks`` as if the stream had been dumped as one (S's rows at or below
+the state's ``last_offset``, a verified overlap, are left out):
 
 - ``L'(p) = max(L(end) of the state, L(p))`` for S's rows, and likewise ``L'(end)`` and
   the reach ``M'`` (both are ``L`` at a later row).
@@ -51,10 +52,32 @@ The offsets between the predecessor's ``last_offset`` and S's first offset are t
 hold no version-topic row (version-topic offsets may skip); the dumps are trusted to be
 of one log when their (replica, topic, partition) match.
 
+Overlapping dumps. Dump tools re-read a little of what they dumped last time. When S's
+offsets intersect exactly one context's ``first_offset..last_offset``, and S starts
+inside it and ends past it (``first_offset < S's first <= last_offset < S's last``),
+that context is the predecessor, *once the overlap is verified* (``overlap_differences``):
+S's rows of ``raw_topic_snapshots`` at offsets S's first..``last_offset`` must be the
+predecessor snapshot's rows there, the same offsets and at each offset the same messages
+(every SPEC message field, vectors as their sorted entries; ``source_file``, ``copies``
+and unknown extra fields are bookkeeping, not compared). The comparison is a Spark join
+and aggregate: only its first difference per replica partition reaches the driver.
+``carry_over`` then leaves S's rows up to the predecessor's ``last_offset`` out (they
+are the state's already). What the overlap adds to ``L`` and ``P`` of S's later rows,
+the state's ``L(end)`` and ``P`` hold already (they come from the same messages), so
+the comparison and the state written after S are those of S trimmed by hand, but for
+the CONTEXT row's ``first_offset``: it keeps S's own first offset. A snapshot's raw rows
+cover every offset of its context, so a later dump that starts inside S's offsets (after
+S's first) is verified against S's raw rows.
+
 The audit refuses (``StateRefused``, which fails the run) rather than guess when:
 
-- another snapshot's context overlaps S's offsets of the replica partition (its
-  ``first_offset..last_offset`` intersects S's): it is not clear what S continues;
+- S's offsets of the replica partition intersect other snapshots' contexts in a way S
+  cannot continue: more than one context; one that starts at or after S's first offset
+  (S re-dumps all of it: does S continue that state or replace it?); or one that S lies
+  within (S adds no offset to that state, and its verdicts would be the earlier ones);
+- an overlap is not verified: S and the predecessor differ at some overlapping offset
+  (the message names the lowest, and which side lacks it or which fields differ), or the
+  predecessor's raw rows there are no longer in ``raw_topic_snapshots``;
 - two snapshots' contexts end at the same greatest offset below S;
 - the chosen context does not match its stored VERSION rows: ``state_rows`` is their
   count and ``state_checksum`` the sum, modulo 2^64 as a signed long, of ``xxhash64``
@@ -75,6 +98,7 @@ from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
 from pipelines.vectors import conform, partition_regions, running_max_single, sparse, vector_max
+from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
@@ -136,16 +160,20 @@ _CONFLICT = T.StructType(
 
 
 def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
-    """Per mid-stream replica partition of one snapshot: its predecessor (when unambiguous) and any conflicts.
+    """Per mid-stream replica partition of one snapshot: its predecessor (when there is one) and any conflicts.
 
-    ``contexts`` are the CONTEXT rows of the other snapshots. Columns: the replica
-    partition, its ``first_offset`` and ``last_offset``, ``previous_snapshot_id`` (null
-    when there is none or it is ambiguous), ``previous_last_offset``, ``candidates`` (the
-    snapshots whose context ends at that offset) and ``overlapping`` (contexts whose
-    ``first_offset..last_offset`` intersects the snapshot's).
+    ``contexts`` are the CONTEXT rows of the other snapshots. Columns: ``snapshot_id``,
+    the replica partition, its ``first_offset`` and ``last_offset``,
+    ``previous_snapshot_id`` (null when there is none or it is ambiguous),
+    ``previous_last_offset``, ``overlap`` (the predecessor's offsets reach into the
+    snapshot's: its rows from ``first_offset`` to ``previous_last_offset`` are to be
+    verified), ``candidates`` (the snapshots whose context ends at the greatest offset
+    below the snapshot's) and ``overlapping`` (contexts whose ``first_offset..last_offset``
+    intersects the snapshot's). A context the snapshot overlaps is its predecessor when it
+    is the only one and the snapshot starts after its first offset and ends after its last.
     """
     rp = list(REPLICA_PARTITION)
-    mid = partition_wm.where(~F.col("starts_with_sop")).select(*rp, "first_offset", "last_offset")
+    mid = partition_wm.where(~F.col("starts_with_sop")).select("snapshot_id", *rp, "first_offset", "last_offset")
     others = contexts.where(F.col("row_kind") == CONTEXT).select(
         *rp,
         F.col("snapshot_id").alias("c_snapshot"),
@@ -167,14 +195,107 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
         F.array_sort(F.collect_set(F.when(at_best, F.col("c_snapshot")))).alias("candidates"),
         F.array_sort(F.collect_list(F.when(overlaps, conflict))).alias("overlapping"),
     )
+    overlapping = F.coalesce(F.col("overlapping"), F.array().cast(T.ArrayType(_CONFLICT)))
+    tied = F.coalesce(F.col("candidates"), F.array().cast(T.ArrayType(T.StringType())))
+    only = F.get(overlapping, 0)
+    # S starts inside the one context it overlaps and goes past its end: S continues it.
+    continues_inside = (
+        (F.size(overlapping) == 1)
+        & (only["first_offset"] < F.col("first_offset"))
+        & (only["last_offset"] < F.col("last_offset"))
+    )
+    below = (F.size(overlapping) == 0) & (F.size(tied) == 1)
     return mid.join(links, on=rp, how="left").select(
+        "snapshot_id",
         *rp,
         "first_offset",
         "last_offset",
-        F.when(F.size("candidates") == 1, F.col("candidates")[0]).alias("previous_snapshot_id"),
-        "previous_last_offset",
-        F.coalesce(F.col("candidates"), F.array().cast(T.ArrayType(T.StringType()))).alias("candidates"),
-        F.coalesce(F.col("overlapping"), F.array().cast(T.ArrayType(_CONFLICT))).alias("overlapping"),
+        F.when(continues_inside, only["snapshot_id"]).when(below, F.get(tied, 0)).alias("previous_snapshot_id"),
+        F.when(continues_inside, only["last_offset"]).otherwise(F.col("previous_last_offset"))
+        .alias("previous_last_offset"),
+        F.coalesce(continues_inside, F.lit(False)).alias("overlap"),
+        tied.alias("candidates"),
+        overlapping.alias("overlapping"),
+    )
+
+
+def _message() -> Column:
+    """A raw row's SPEC message fields but its replica partition and offset; vectors as their sorted entries."""
+    skipped = {*REPLICA_PARTITION, "offset"}
+    return F.struct(*[
+        (F.array_sort(F.map_entries(F.col(name))) if isinstance(dtype, T.MapType) else F.col(name)).alias(name)
+        for name, dtype in MESSAGE_FIELDS.items() if name not in skipped
+    ])
+
+
+def overlap_differences(raw: DataFrame, links: DataFrame) -> DataFrame:
+    """The overlap of each replica partition with its predecessor, compared offset by offset in the raw rows.
+
+    ``links`` are ``predecessors`` rows; those with ``overlap`` are compared: the raw rows
+    (``raw_topic_snapshots``) of ``snapshot_id`` and of ``previous_snapshot_id`` at offsets
+    ``first_offset..previous_last_offset`` of the replica partition. At each offset the two
+    sides hold the same messages when their SPEC message fields are equal (vectors in any
+    order; bookkeeping columns such as ``source_file`` and ``copies``, and unknown extra
+    fields, are not compared). One row per compared link: ``offsets`` (offsets held by
+    either side), ``rows`` and ``previous_rows`` (raw rows of each side there) and
+    ``first_difference``, null when the sides are equal, else the lowest offset where they
+    are not: its ``rows`` and ``previous_rows``, the ``kinds`` and ``previous_kinds`` there,
+    and ``fields``, the message fields that differ when each side holds one message.
+    """
+    rp = list(REPLICA_PARTITION)
+    ranges = links.where(F.col("overlap")).select(
+        "snapshot_id", *rp, "previous_snapshot_id", "first_offset", "previous_last_offset"
+    )
+    in_range = F.col("offset").between(F.col("first_offset"), F.col("previous_last_offset"))
+
+    def side(snapshot_column: str, name: str) -> DataFrame:
+        bounds = ranges.select(
+            F.col(snapshot_column).alias("raw_snapshot"), *rp, "first_offset", "previous_last_offset"
+        )
+        return (
+            raw.withColumnRenamed("snapshot_id", "raw_snapshot")
+            .join(F.broadcast(bounds), on=["raw_snapshot", *rp], how="inner")
+            .where(in_range)
+            .groupBy(*rp, "offset")
+            .agg(F.array_sort(F.collect_list(_message())).alias(name))
+        )
+
+    def count(messages: str) -> Column:
+        return F.when(F.col(messages).isNull(), F.lit(0)).otherwise(F.size(messages)).cast(T.LongType())
+
+    names = [name for name in MESSAGE_FIELDS if name not in {*REPLICA_PARTITION, "offset"}]
+    one_each = (count("own") == 1) & (count("previous") == 1)
+    fields = F.filter(
+        F.array(*[F.when(~F.col("own")[0][n].eqNullSafe(F.col("previous")[0][n]), F.lit(n)) for n in names]),
+        lambda name: name.isNotNull(),
+    )
+    difference = F.struct(
+        F.col("offset").alias("offset"),
+        count("own").alias("rows"),
+        count("previous").alias("previous_rows"),
+        F.transform(F.col("own"), lambda m: m["kind"]).alias("kinds"),
+        F.transform(F.col("previous"), lambda m: m["kind"]).alias("previous_kinds"),
+        F.when(one_each, fields).alias("fields"),
+    )
+    differs = ~F.col("own").eqNullSafe(F.col("previous"))
+    compared = (
+        side("snapshot_id", "own").join(side("previous_snapshot_id", "previous"), on=[*rp, "offset"], how="full")
+        .groupBy(*rp)
+        .agg(
+            F.count(F.lit(1)).alias("offsets"),
+            F.sum(count("own")).alias("rows"),
+            F.sum(count("previous")).alias("previous_rows"),
+            # min_by skips rows whose ordering value is null: only the differing offsets compete.
+            F.min_by(difference, F.when(differs, F.col("offset"))).alias("first_difference"),
+        )
+    )
+    zero = F.lit(0).cast(T.LongType())
+    return ranges.join(compared, on=rp, how="left").select(
+        *ranges.columns,
+        F.coalesce(F.col("offsets"), zero).alias("offsets"),
+        F.coalesce(F.col("rows"), zero).alias("rows"),
+        F.coalesce(F.col("previous_rows"), zero).alias("previous_rows"),
+        "first_difference",
     )
 
 
@@ -224,12 +345,89 @@ def _name(row: Any) -> str:
     return f"{row['replica']}/{row['topic']}/{row['partition']}"
 
 
-def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str) -> PriorState:
+def _conflict(link: Any, snapshot_id: str) -> str:
+    """Why the contexts overlapping a snapshot's dump of a replica partition give it no predecessor."""
+    name, first, last = _name(link), link["first_offset"], link["last_offset"]
+    others = link["overlapping"]
+    if len(others) > 1:
+        listed = ", ".join(f"{o['snapshot_id']} ({o['first_offset']}..{o['last_offset']})" for o in others)
+        return (
+            f"{name}: {snapshot_id} starts mid-stream at offset {first} (up to {last}), and the states of snapshots "
+            f"{listed} all cover some of its offsets, so which state {snapshot_id} continues is ambiguous"
+        )
+    other = others[0]
+    covers = (
+        f"the state of snapshot {other['snapshot_id']} covers offsets {other['first_offset']}..{other['last_offset']}"
+    )
+    if other["first_offset"] >= first:
+        return (
+            f"{name}: {snapshot_id} starts mid-stream at offset {first} (up to {last}), but {covers}, from that "
+            f"offset or later, so whether {snapshot_id} continues that state or replaces it is ambiguous"
+        )
+    return (
+        f"{name}: {snapshot_id} starts mid-stream at offset {first} and ends at {last}, but {covers}: "
+        f"{snapshot_id} adds no offset to that state"
+    )
+
+
+def _difference(found: Any, snapshot_id: str, previous: str) -> str:
+    """What differs at the first offset where two dumps' overlap differs, briefly."""
+    if not found["rows"]:
+        return f"only {previous} has a message ({', '.join(found['previous_kinds'])})"
+    if not found["previous_rows"]:
+        return f"only {snapshot_id} has a message ({', '.join(found['kinds'])})"
+    if found["fields"]:
+        return f"the messages differ in {', '.join(found['fields'])}"
+    return (
+        f"{snapshot_id} has {found['rows']} message(s) ({', '.join(found['kinds'])}), {previous} "
+        f"{found['previous_rows']} ({', '.join(found['previous_kinds'])})"
+    )
+
+
+def _verify_overlaps(
+    raw: DataFrame, links: DataFrame, continued: list[Any], snapshot_id: str
+) -> tuple[dict[tuple, dict[str, Any]], list[str]]:
+    """The overlaps of ``continued`` links, compared in ``raw``: (verified overlaps by replica partition, refusals)."""
+    overlapping = [link for link in continued if link["overlap"]]
+    if not overlapping:
+        return {}, []
+    # Only the snapshots compared are read: the filter prunes the table's other partitions.
+    ids = sorted({snapshot_id, *(link["previous_snapshot_id"] for link in overlapping)})
+    checks = overlap_differences(raw.where(F.col("snapshot_id").isin(*ids)), links).collect()
+    verified, refusals = {}, []
+    for check in sorted(checks, key=lambda c: tuple(c[k] for k in REPLICA_PARTITION)):
+        name, previous = _name(check), check["previous_snapshot_id"]
+        first, last = check["first_offset"], check["previous_last_offset"]
+        inside = (
+            f"{name}: {snapshot_id} starts at offset {first}, inside the state of snapshot {previous} (up to {last})"
+        )
+        if not check["rows"] or not check["previous_rows"]:
+            lacking = previous if not check["previous_rows"] else snapshot_id
+            refusals.append(
+                f"{inside}, but raw_topic_snapshots no longer holds {lacking}'s rows at offsets {first}..{last}, "
+                "so the overlap cannot be verified"
+            )
+        elif check["first_difference"] is not None:
+            found = check["first_difference"]
+            refusals.append(
+                f"{inside}, and the two dumps differ there: first at offset {found['offset']}, where "
+                f"{_difference(found, snapshot_id, previous)}"
+            )
+        else:
+            verified[tuple(check[k] for k in REPLICA_PARTITION)] = {
+                "first_offset": first, "last_offset": last, "offsets": check["offsets"], "rows_verified": check["rows"],
+            }
+    return verified, refusals
+
+
+def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str, raw: DataFrame) -> PriorState:
     """The state ``snapshot_id`` continues, chosen by the predecessor rule and checked; raises ``StateRefused``.
 
     ``state`` is ``replica_state`` (any snapshots; ``snapshot_id``'s own rows are
-    ignored), ``partition_wm`` the snapshot's ``partition_watermarks``. Only a handful
-    of rows reach the driver: one per mid-stream replica partition, and the problems.
+    ignored), ``partition_wm`` the snapshot's ``partition_watermarks``, ``raw``
+    ``raw_topic_snapshots`` (any snapshots: only the rows of the snapshot and of the
+    predecessors its dumps overlap are read, to verify the overlaps). Only a handful of
+    rows reach the driver: one per mid-stream replica partition, per overlap, and the problems.
     """
     rp = list(REPLICA_PARTITION)
     others = state.where(F.col("snapshot_id") != snapshot_id)
@@ -244,20 +442,19 @@ def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str) -> 
     link_rows = links.orderBy(*rp).collect()
     refusals = []
     for link in link_rows:
-        for other in link["overlapping"]:
-            refusals.append(
-                f"{_name(link)}: {snapshot_id} starts mid-stream at offset {link['first_offset']} (up to "
-                f"{link['last_offset']}), but the state of snapshot {other['snapshot_id']} covers offsets "
-                f"{other['first_offset']}..{other['last_offset']} of the same replica partition, so which state "
-                f"{snapshot_id} continues is ambiguous"
-            )
-        if len(link["candidates"]) > 1:
+        if link["previous_snapshot_id"] is not None:
+            continue
+        if link["overlapping"]:
+            refusals.append(_conflict(link, snapshot_id))
+        elif len(link["candidates"]) > 1:
             refusals.append(
                 f"{_name(link)}: the states of snapshots {', '.join(link['candidates'])} all end at offset "
                 f"{link['previous_last_offset']}, below {snapshot_id}'s first offset {link['first_offset']}, "
                 f"so which one {snapshot_id} continues is ambiguous"
             )
     continued = [link for link in link_rows if link["previous_snapshot_id"] is not None]
+    verified, differing = _verify_overlaps(raw, links, continued, snapshot_id)
+    refusals.extend(differing)
     problems = sorted(
         context_problems(versions, context).collect() if continued else [],
         key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
@@ -280,16 +477,20 @@ def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str) -> 
             f"refusing to audit snapshot {snapshot_id} with carried state:\n  - "
             + "\n  - ".join(listed)
             + f"\nNo divergence report of {snapshot_id} was written. Re-materialize (or remove from replica_state) "
-            "the snapshot named, so that the predecessor is unambiguous and its state matches its context."
+            "the snapshot named, so that the predecessor is unambiguous and its state matches its context; a dump "
+            "whose overlap with its predecessor differs is not of the same log, or one of the two was changed."
         )
     # The contexts matched their VERSION rows: their state_rows is what will be carried.
     carried = {(r["replica"], r["topic"], r["partition"]): r["state_rows"]
                for r in context.select(*rp, "state_rows").collect()} if continued else {}
-    described = [
-        {**{c: link[c] for c in (*rp, "previous_snapshot_id", "previous_last_offset", "first_offset")},
-         "state_rows": carried[(link["replica"], link["topic"], link["partition"])]}
-        for link in continued
-    ]
+    described = []
+    for link in continued:
+        key = (link["replica"], link["topic"], link["partition"])
+        described.append({
+            **{c: link[c] for c in (*rp, "previous_snapshot_id", "previous_last_offset", "first_offset")},
+            "state_rows": carried[key],
+            "overlap": verified.get(key),
+        })
     return PriorState(versions=versions, context=context, links=described)
 
 
@@ -302,6 +503,7 @@ def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame) -> DataFram
         F.col("pre_history_bound").alias("prior_pre_history"),
         F.col("starts_with_sop").alias("prior_sop"),
         F.col("end_lower_bound").alias("prior_end"),
+        F.col("last_offset").alias("prior_last_offset"),
     )
     # A stream whose P is still unknown takes the first heartbeat vector it meets: S's own P.
     pre_history = F.coalesce(F.col("prior_pre_history"), F.col("pre_history_bound"))
@@ -319,13 +521,15 @@ def carry_over(
 
     ``prior_context`` holds at most one CONTEXT row per replica partition (the chosen
     predecessors, e.g. ``PriorState.context``), ``prior_versions`` their VERSION rows
-    (rows of other contexts are ignored). Replica partitions without a context pass
+    (rows of other contexts are ignored). S's rows at or below a context's ``last_offset``
+    (a verified overlap) are left out. Replica partitions without a context pass
     through unchanged. The output has exactly the input schemas (see the module docstring).
     """
     rp = list(REPLICA_PARTITION)
     facts = _stream_facts(partition_wm, prior_context)
     stream = facts.select(
-        "snapshot_id", *rp, "previous_snapshot_id", "prior_end", "stream_pre_history", "stream_end"
+        "snapshot_id", *rp, "previous_snapshot_id", "prior_end", "prior_last_offset", "stream_pre_history",
+        "stream_end",
     )
     stream_wide = {
         "starts_with_sop": F.col("prior_sop"),
@@ -350,6 +554,8 @@ def carry_over(
     known = F.col("stream_pre_history").isNotNull()
     own = (
         row_wm.join(stream, on=["snapshot_id", *rp], how="inner")
+        # S's rows up to the state's last offset are the state's already (a verified overlap): S continues after it.
+        .where(F.col("offset") > F.col("prior_last_offset"))
         .join(carried.select(*rp, "key", F.col("key_touch").alias("prior_touch")), on=[*rp, "key"], how="left")
         .select(
             "*",

@@ -4,8 +4,10 @@ Continuing snapshots are made by cutting streams by offset: S1 holds each replic
 partition's rows below its cut (with START_OF_PUSH), S2 the rest, as a later mid-stream
 dump would. Every scenario is its own topic, and all of them go through the divergence
 stage once (module fixture ``audits``): S1, then S2 with S1's state, S2 alone (no state)
-and S3, the whole streams as one snapshot. The Dagster tests audit S2 through
-``run_audit`` on a warehouse holding S1's state, re-materialize it, and tamper with the state.
+and S3, the whole streams as one snapshot. Overlapping dumps re-read S1's last offsets
+(``rereading``) and are compared with the same dumps trimmed by hand. The Dagster tests
+audit S2 through ``run_audit`` on a warehouse holding S1's state, re-materialize it, tamper
+with the state, and audit an S2 that re-reads S1's last offsets.
 """
 from __future__ import annotations
 
@@ -140,17 +142,24 @@ class Audit(Compared):
     rows: DataFrame  # carried reconstructed_watermarks
     parts: DataFrame  # carried partition_watermarks
     state: DataFrame  # replica_state after the snapshot
+    raw: DataFrame  # raw_topic_snapshots of the snapshot
 
 
-def audit(spark, rows: list[dict], snapshot_id: str, state: DataFrame | None = None) -> Audit:
+def audit(
+    spark, rows: list[dict], snapshot_id: str, state: DataFrame | None = None, raw: DataFrame | None = None
+) -> Audit:
+    """The divergence stage of ``rows``; ``state`` and ``raw`` hold the earlier snapshots' state and raw rows."""
     row_wm, part_wm = stage(spark, rows, snapshot_id)
-    prior = prior_state(state if state is not None else no_state(spark), part_wm, snapshot_id)
+    own_raw = raw_frame(spark, rows, snapshot_id)
+    every_raw = own_raw if raw is None else raw.unionByName(own_raw)
+    prior = prior_state(state if state is not None else no_state(spark), part_wm, snapshot_id, every_raw)
     carried_rows, carried_parts = carry_over(row_wm, part_wm, prior.versions, prior.context)
     carried_rows = carried_rows.localCheckpoint(eager=True)
     reports, summary = compare_replicas(carried_rows, carried_parts)
     after = next_state(carried_rows, carried_parts, prior.versions, prior.context).localCheckpoint(eager=True)
     return Audit(reports=[r.asDict() for r in reports.collect()], summary=[r.asDict() for r in summary.collect()],
-                 row_wm=row_wm, part_wm=part_wm, prior=prior, rows=carried_rows, parts=carried_parts, state=after)
+                 row_wm=row_wm, part_wm=part_wm, prior=prior, rows=carried_rows, parts=carried_parts, state=after,
+                 raw=own_raw)
 
 
 @dataclass
@@ -306,23 +315,182 @@ def test_the_predecessor_is_the_context_with_the_greatest_last_offset_below_the_
     skipping = predecessors(partition_row(spark, 25, 26), contexts.where(F.col("snapshot_id") != "s2")).first()
     assert skipping["previous_snapshot_id"] == "s1"
     assert predecessors(partition_row(spark, 0, 5), contexts).first()["previous_snapshot_id"] is None
+    # A dump starting inside s2's range and going past it continues s2, once the overlap 25..29 is verified.
+    inside = predecessors(partition_row(spark, 25, 35), contexts).first()
+    assert (inside["previous_snapshot_id"], inside["previous_last_offset"], inside["overlap"]) == ("s2", 29, True)
+    assert [o["snapshot_id"] for o in inside["overlapping"]] == ["s2"]
+    assert link["overlap"] is False
 
 
-def test_a_dump_overlapping_s1s_offsets_or_two_tied_predecessors_are_refused(spark, audits):
-    # dc-a's S1 dump of orders covers 0..4; a mid-stream dump from offset 3 overlaps it.
+def no_raw(spark) -> DataFrame:
+    return raw_frame(spark, [], "none")
+
+
+def test_a_dump_overlapping_a_state_it_cannot_continue_or_two_tied_predecessors_are_refused(spark, audits):
+    # dc-a's S1 dump of orders covers 0..4. A dump inside it adds nothing to S1's state.
     with pytest.raises(StateRefused) as refused:
-        prior_state(audits.s1.state, partition_row(spark, 3, 6, snapshot_id="s2x"), "s2x")
+        prior_state(audits.s1.state, partition_row(spark, 2, 4, snapshot_id="s2x"), "s2x", no_raw(spark))
     message = str(refused.value)
-    assert "dc-a/orders/0" in message and "snapshot s1" in message and "0..4" in message
-    assert "offset 3" in message and "ambiguous" in message
+    assert "dc-a/orders/0" in message and "snapshot s1 covers offsets 0..4" in message
+    assert "adds no offset to that state" in message
+    # A dump from S1's first offset on: does it continue S1's state or replace it?
+    with pytest.raises(StateRefused, match=r"at offset 0 \(up to 6\), but the state of snapshot s1 covers offsets "
+                                           r"0\.\.4, from that offset or later, so whether s2x continues"):
+        prior_state(audits.s1.state, partition_row(spark, 0, 6, snapshot_id="s2x"), "s2x", no_raw(spark))
+    # A dump overlapping two states.
+    two = context_row(spark, "s1", 0, 4).unionByName(context_row(spark, "s1b", 5, 9))
+    with pytest.raises(StateRefused, match=r"the states of snapshots s1 \(0\.\.4\), s1b \(5\.\.9\) all cover some "
+                                           r"of its offsets, so which state s9 continues is ambiguous"):
+        prior_state(two, partition_row(spark, 3, 12), "s9", no_raw(spark))
     tied = context_row(spark, "s1", 0, 19).unionByName(context_row(spark, "s1b", 5, 19))
     with pytest.raises(StateRefused, match=r"dc-a/orders/0: the states of snapshots s1, s1b all end at offset 19"):
-        prior_state(tied, partition_row(spark, 20, 30), "s9")
+        prior_state(tied, partition_row(spark, 20, 30), "s9", no_raw(spark))
 
 
-def test_the_snapshots_own_state_is_ignored_so_rematerializing_it_uses_the_state_before_it(audits):
+# ------------------------------------------------------------- overlapping dumps
+
+
+def offsets_of(rows: list[dict]) -> dict[tuple, list[int]]:
+    found: dict[tuple, set[int]] = {}
+    for r in rows:
+        if r.get("offset") is not None:
+            found.setdefault(position(r), set()).add(r["offset"])
+    return {p: sorted(o) for p, o in found.items()}
+
+
+def dump_between(rows: list[dict], start: dict[tuple, int], stop: dict[tuple, int] | None = None) -> list[dict]:
+    """Each replica partition's rows at offsets start..stop (stop excluded; none: to the end, exporter reports too)."""
+    if stop is None:
+        return [r for r in rows if r.get("offset") is None or r["offset"] >= start[position(r)]]
+    return [r for r in rows if r.get("offset") is not None and start[position(r)] <= r["offset"] < stop[position(r)]]
+
+
+def rereading(s1_rows: list[dict], s2_rows: list[dict], offsets: int = 2) -> list[dict]:
+    """S2 as a dump tool would write it: it re-reads S1's last ``offsets`` offsets (never S1's first)."""
+    below = offsets_of(s1_rows)
+    start = {p: o[max(len(o) - offsets, 1)] for p, o in below.items()}
+    return [r for r in s1_rows if r["offset"] >= start[position(r)]] + s2_rows
+
+
+@pytest.fixture(scope="module")
+def overlapping(spark, audits) -> Audit:
+    """S2 re-reading the last offsets of S1, audited as s2 with S1's state and raw rows."""
+    return audit(spark, rereading(audits.s1_rows, audits.s2_rows), "s2", audits.s1.state, audits.s1.raw)
+
+
+def without(df: DataFrame, *names: str) -> list[tuple]:
+    return canonical(df.drop(*names))
+
+
+def test_a_dump_overlapping_its_predecessor_gives_the_audit_of_the_dump_trimmed_by_hand(audits, overlapping):
+    # audits.s2 is the same S2 trimmed by hand at S1's last offset.
+    links = {(r["replica"], r["topic"]): r for r in overlapping.prior.links}
+    assert {link["previous_snapshot_id"] for link in links.values()} == {"s1"}
+    assert len(links) == len(audits.s2.prior.links)
+    a, b = links[(A, TOPIC)], links[(B, TOPIC)]
+    assert (a["first_offset"], a["previous_last_offset"], a["state_rows"]) == (3, 4, 3)
+    assert a["overlap"] == {"first_offset": 3, "last_offset": 4, "offsets": 2, "rows_verified": 2}
+    assert b["overlap"] == {"first_offset": 2, "last_offset": 3, "offsets": 2, "rows_verified": 2}
+    assert links[(A, "late_p")]["overlap"]["offsets"] == 1
+    # An overlap counted twice would show up in the carried rows, the counts and the verdicts.
+    assert canonical(overlapping.rows) == canonical(audits.s2.rows)
+    assert sorted(map(str, overlapping.reports)) == sorted(map(str, audits.s2.reports))
+    assert sorted(map(str, overlapping.summary)) == sorted(map(str, audits.s2.summary))
+    # The state after S2 is the trimmed audit's, but for the offsets of S2's own dump.
+    own = ("first_offset", "rows", "puts", "deletes", "heartbeats")
+    assert without(overlapping.parts, *own) == without(audits.s2.parts, *own)
+    assert without(overlapping.state, "first_offset") == without(audits.s2.state, "first_offset")
+    context = topic_rows(overlapping.state.where((F.col("row_kind") == CONTEXT) & (F.col("replica") == A)), TOPIC)
+    assert (context[0]["first_offset"], context[0]["stream_first_offset"], context[0]["last_offset"]) == (3, 0, 6)
+    # The per-snapshot table keeps S2's own rows, the re-read ones included.
+    assert {r["offset"] for r in topic_rows(overlapping.row_wm, TOPIC) if r["replica"] == A} == {3, 5}
+
+
+ORDERS_S1 = [r for r in ORDERS if r.get("offset") is not None and r["offset"] < ORDERS_CUT[position(r)]]
+ORDERS_S2 = [r for r in ORDERS if r.get("offset") is None or r["offset"] >= ORDERS_CUT[position(r)]]
+
+
+def changed(rows: list[dict], replica: str, offset: int, **fields) -> list[dict]:
+    return [{**r, **fields} if (r["replica"], r.get("offset")) == (replica, offset) else r for r in rows]
+
+
+@pytest.fixture(scope="module")
+def rereading_orders(spark) -> tuple[list[dict], DataFrame]:
+    """Orders' S2 re-reading dc-a's offsets 2..4 and dc-b's 2..3 of S1, and its partition_watermarks."""
+    rows = [r for r in ORDERS_S1 if r["offset"] >= 2] + ORDERS_S2
+    return rows, stage(spark, rows, "s2x")[1]
+
+
+def test_an_overlap_whose_messages_differ_is_refused_at_the_first_offset_where_they_do(spark, audits, rereading_orders):
+    rows, part_wm = rereading_orders
+    state = audits.s1.state.where(F.col("topic") == TOPIC)
+    s1_raw = raw_frame(spark, ORDERS_S1, "s1")
+
+    def refusal(s2x_rows: list[dict], s1_raw: DataFrame = s1_raw) -> str:
+        with pytest.raises(StateRefused) as refused:
+            prior_state(state, part_wm, "s2x", s1_raw.unionByName(raw_frame(spark, s2x_rows, "s2x")))
+        return str(refused.value)
+
+    # k4 (offset 3) and the heartbeat after it differ: the first difference is named, not the second.
+    message = refusal(changed(changed(rows, A, 3, value="w"), A, 4, hb_vector={A: 4}))
+    assert "dc-a/orders/0: s2x starts at offset 2, inside the state of snapshot s1 (up to 4)" in message
+    assert "first at offset 3, where the messages differ in value" in message
+    assert "offset 4" not in message and "dc-b/orders/0" not in message
+    message = refusal(changed(rows, A, 4, hb_vector={A: 4}))
+    assert "first at offset 4, where the messages differ in hb_vector" in message
+    # An offset only one of the two dumps holds.
+    message = refusal([r for r in rows if (r["replica"], r.get("offset")) != (A, 3)])
+    assert "first at offset 3, where only s1 has a message (PUT)" in message
+    s1_lacking = raw_frame(spark, [r for r in ORDERS_S1 if (r["replica"], r["offset"]) != (B, 2)], "s1")
+    message = refusal(rows, s1_lacking)
+    assert "dc-b/orders/0" in message and "first at offset 2, where only s2x has a message (PUT)" in message
+    # S1's raw rows are gone: nothing to verify the overlap with.
+    message = refusal(rows, raw_frame(spark, [r for r in ORDERS_S1 if r["replica"] == B], "s1"))
+    assert "dc-a/orders/0" in message and "no longer holds s1's rows at offsets 2..4" in message
+
+
+def test_an_overlap_differing_only_in_bookkeeping_columns_or_vector_order_is_verified(spark, audits, rereading_orders):
+    rows, part_wm = rereading_orders
+    s1_raw = raw_frame(spark, changed(ORDERS_S1, A, 4, hb_vector={A: 3, B: 0}), "s1")
+    s2x_raw = raw_frame(spark, [{**r, "source_file": "dump-2.jsonl", "copies": 2} for r in rows], "s2x")
+    # The heartbeat at dc-a's offset 4 with the same vector, its entries in the other order.
+    heartbeat_4 = (F.col("replica") == A) & (F.col("offset") == 4)
+    reordered = F.create_map(F.lit(B), F.lit(0).cast("long"), F.lit(A), F.lit(3).cast("long"))
+    s2x_raw = s2x_raw.withColumn("hb_vector", F.when(heartbeat_4, reordered).otherwise(F.col("hb_vector")))
+    raw = s1_raw.unionByName(s2x_raw)
+    assert raw.where(heartbeat_4).select(F.to_json("hb_vector")).distinct().count() == 2
+    prior = prior_state(audits.s1.state.where(F.col("topic") == TOPIC), part_wm, "s2x", raw)
+    overlaps = {link["replica"]: link["overlap"] for link in prior.links}
+    assert overlaps == {A: {"first_offset": 2, "last_offset": 4, "offsets": 3, "rows_verified": 3},
+                        B: {"first_offset": 2, "last_offset": 3, "offsets": 2, "rows_verified": 2}}
+
+
+def test_a_chain_of_overlapping_dumps_gives_the_audits_of_the_dumps_trimmed_by_hand(spark, audits):
+    # Clean and faulty only: orders' and late_p's streams are too short for three dumps.
+    rows = [r for r in audits.rows if r["topic"] in ("clean", "faulty")]
+    s1_rows = [r for r in audits.s1_rows if r["topic"] in ("clean", "faulty")]
+    s1_offsets, offsets = offsets_of(s1_rows), offsets_of(rows)
+    cut = {p: o[len(s1_offsets[p])] for p, o in offsets.items()}
+    mid = {p: o[(len(s1_offsets[p]) + len(o)) // 2] for p, o in offsets.items()}
+    s2_rows, s3_rows = dump_between(rows, cut, mid), dump_between(rows, mid)
+    # S2 re-reads S1's last offsets, S3 S2's: S3 overlaps S2's state only.
+    s2 = audit(spark, rereading(s1_rows, s2_rows), "s2", audits.s1.state, audits.s1.raw)
+    s3 = audit(spark, rereading(s2_rows, s3_rows), "s3", audits.s1.state.unionByName(s2.state),
+               audits.s1.raw.unionByName(s2.raw))
+    assert {(link["previous_snapshot_id"], link["overlap"]["offsets"]) for link in s3.prior.links} == {("s2", 2)}
+    trimmed_s2 = audit(spark, s2_rows, "s2", audits.s1.state)
+    trimmed_s3 = audit(spark, s3_rows, "s3", audits.s1.state.unionByName(trimmed_s2.state))
+    assert sorted(map(str, s3.reports)) == sorted(map(str, trimmed_s3.reports))
+    assert sorted(map(str, s3.summary)) == sorted(map(str, trimmed_s3.summary))
+    assert any(r["verdict"] in PROVEN for r in s3.reports), "faults last written before S3 are proven"
+    assert without(s3.state, "first_offset") == without(trimmed_s3.state, "first_offset")
+    contexts = s3.state.where(F.col("row_kind") == CONTEXT).collect()
+    assert {(c["previous_snapshot_id"], c["stream_first_offset"]) for c in contexts} == {("s2", 0)}
+
+
+def test_the_snapshots_own_state_is_ignored_so_rematerializing_it_uses_the_state_before_it(spark, audits):
     # S2's own contexts cover exactly S2's offsets: were they read, S2 would overlap them.
-    again = prior_state(audits.s1.state.unionByName(audits.s2.state), audits.s2.part_wm, "s2")
+    again = prior_state(audits.s1.state.unionByName(audits.s2.state), audits.s2.part_wm, "s2", no_raw(spark))
     assert again.previous_snapshot_ids == ["s1"] and again.links == audits.s2.prior.links
     assert canonical(again.context) == canonical(audits.s2.prior.context)
 
@@ -500,3 +668,24 @@ def test_a_tampered_state_is_refused_naming_the_replica_partition_and_nothing_of
     assert "dc-a/orders/0" not in message
     for name in DIVERGENCE_STAGE:
         assert table(spark, warehouse, name, "s2").count() == 0, name
+
+
+@pytest.mark.slow
+def test_an_audit_of_s2_re_reading_s1s_last_offsets_through_dagster_verifies_the_overlap(spark, audits, tmp_path):
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    write_landing(landing, "s2", rereading(ORDERS_S1, ORDERS_S2))
+    store = DeltaStore(warehouse_root=str(warehouse))
+    orders_state = audits.s1.state.where(F.col("topic") == TOPIC)
+    store.write_snapshot(spark, orders_state, "replica_state", "s1", struct_for("replica_state"))
+    s1_raw = raw_frame(spark, ORDERS_S1, "s1")
+    store.write_snapshot(spark, s1_raw, "raw_topic_snapshots", "s1", struct_for("raw_topic_snapshots"))
+    result = run_audit("s2", str(landing), str(warehouse), **SETTINGS)
+    assert result.success, result.error
+    reports = table(spark, warehouse, "divergence_reports", "s2").collect()
+    found = {(r["key"], r["verdict"], r["missing_in"]) for r in reports}
+    assert found == {("k2", "MISSING", B), ("k4", "DIVERGENT", None)}
+    carried = result.metadata["divergence_reports"]["carried_from"]
+    assert {(c["replica"], c["previous_snapshot_id"], c["overlap"]["first_offset"], c["overlap"]["last_offset"],
+             c["overlap"]["rows_verified"]) for c in carried} == {(A, "s1", 3, 4, 2), (B, "s1", 2, 3, 2)}
+    # The raw rows of S2 came from its landing file (source_file differs from S1's): only messages are compared.
+    assert table(spark, warehouse, "raw_topic_snapshots", "s2").where(F.col("source_file") == "test.jsonl").count() == 0
