@@ -29,7 +29,8 @@ EXAMPLE_KEYS = 10
             "divergence_reports",
             group_name=GROUP,
             kinds=KINDS,
-            deps=["reconstructed_watermarks", "partition_watermarks"],
+            # raw_topic_snapshots: a dump that overlaps the state it continues is verified against it.
+            deps=["reconstructed_watermarks", "partition_watermarks", "raw_topic_snapshots"],
             description="Every key that is not CONSISTENT between two replicas, with its verdict and witness (SPEC 4).",
             owners=["team:replication"],
         ),
@@ -44,7 +45,7 @@ EXAMPLE_KEYS = 10
             "replica_state",
             group_name=GROUP,
             kinds=KINDS,
-            deps=["reconstructed_watermarks", "partition_watermarks"],
+            deps=["reconstructed_watermarks", "partition_watermarks", "raw_topic_snapshots"],
             description="Each key's last version and a commit context per replica partition, for the next snapshot.",
         ),
     ],
