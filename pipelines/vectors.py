@@ -89,14 +89,23 @@ def dense(vector: Column, regions: Sequence[str]) -> Column:
     )
 
 
+_ENTRY = T.StructType([T.StructField("key", T.StringType(), False), T.StructField("value", T.LongType())])
+
+
 def sparse(components: Sequence[Column], regions: Sequence[str]) -> Column:
-    """The vector whose component for ``regions[i]`` is ``components[i]``; null or negative means missing."""
+    """The vector whose component for ``regions[i]`` is ``components[i]``; null or negative means missing.
+
+    Built without a lambda function: the entries of the missing components are null and
+    ``array_except`` drops them. (``map_filter`` with a lambda, the obvious way, is not
+    generated code: measured on 4M rows, 5.2-5.9 s against 3.2-5.0 s.)
+    """
     if not regions:
         return empty_vector()
-    assembled = F.map_from_arrays(
-        F.array(*[F.lit(r) for r in regions]), F.array(*[c.cast(T.LongType()) for c in components])
-    )
-    return F.map_filter(assembled, lambda _k, v: v.isNotNull() & (v >= 0))
+    entries = [
+        F.when(c.isNotNull() & (c >= 0), F.struct(F.lit(r).alias("key"), c.cast(T.LongType()).alias("value")))
+        for r, c in zip(regions, components)
+    ]
+    return F.map_from_entries(F.array_except(F.array(*entries), F.array(F.lit(None).cast(_ENTRY))))
 
 
 def running_max(vector: Column, regions: Sequence[str], window: Window) -> Column:
@@ -104,9 +113,19 @@ def running_max(vector: Column, regions: Sequence[str], window: Window) -> Colum
     return sparse([F.max(vector[F.lit(r)]).over(window) for r in regions], regions)
 
 
-def running_max_single(region: Column, offset: Column, regions: Sequence[str], window: Window) -> Column:
-    """Componentwise max over ``window`` of the one-component vectors ``{region: offset}``."""
-    return sparse([F.max(F.when(region == F.lit(r), offset)).over(window) for r in regions], regions)
+def running_max_single(
+    region: Column, offset: Column, regions: Sequence[str], window: Window, floor: Column | None = None
+) -> Column:
+    """Componentwise max over ``window`` of the one-component vectors ``{region: offset}``, and of ``floor``.
+
+    ``floor`` (a vector whose regions are all in ``regions``) joins the max component by
+    component, so that no intermediate map is built and merged (``vector_max`` merges two
+    maps with a lambda function, about three times slower per row).
+    """
+    components = [F.max(F.when(region == F.lit(r), offset)).over(window) for r in regions]
+    if floor is not None:
+        components = [F.greatest(floor[F.lit(r)], c) for r, c in zip(regions, components)]
+    return sparse(components, regions)
 
 
 def conform(df: DataFrame, struct: T.StructType) -> DataFrame:

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.segments import PARTITION_KEYS, bound_after_last_row
-from pipelines.vectors import conform, empty_vector, partition_regions, running_max_single, vector_max
+from pipelines.vectors import conform, empty_vector, partition_regions, running_max_single
 from schemas.raw import DATA_KINDS
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
@@ -70,19 +70,19 @@ def reconstruct_watermarks(annotated: DataFrame, partitions: DataFrame | None = 
     regions = partition_regions(partitions)
     bounds = partitions.select(*PARTITION_KEYS, "pre_history_bound", "end_lower_bound")
     by_key = Window.partitionBy(*PARTITION_KEYS, "key").orderBy("offset")
+    # U = max(P, the key's {source_region: source_offset} so far): P's regions are in ``regions``.
     touched = running_max_single(
         F.col("source_region"),
         F.col("source_offset"),
         regions,
         by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow),
+        floor=F.col("pre_history_bound"),
     )
     next_lower_bound = F.lead("applied_lower_bound", 1).over(by_key.rowsBetween(1, 1))
     rows = data.join(F.broadcast(bounds), on=list(PARTITION_KEYS), how="inner").select(
         "*",
         value_token().alias("value_hash"),
-        F.when(F.col("pre_history_bound").isNotNull(), vector_max(F.col("pre_history_bound"), touched)).alias(
-            "touch_bound"
-        ),
+        F.when(F.col("pre_history_bound").isNotNull(), touched).alias("touch_bound"),
         F.coalesce(next_lower_bound, F.col("end_lower_bound")).alias("reach"),
     )
     return conform(rows, ReconstructedWatermarks.to_structtype())
