@@ -14,6 +14,7 @@ from dagster._core.utils import make_new_run_id
 
 from assets.partitions import SNAPSHOTS
 from replica_lens.jobs import AUDIT_JOB
+from replica_lens.steps import STEP_INPUTS
 from resources.landing import LandingZone
 from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
 
@@ -230,20 +231,39 @@ def status_line(stream: TextIO, label: str, every: float = 1.0, enabled: bool = 
 _OUTPUT = threading.RLock()
 
 
-def _step_line(step_key: str, seconds: float, status: str, written: list[tuple[str, Any]]) -> str:
-    tables = ", ".join(f"{table} {rows:,}" if isinstance(rows, int) else table for table, rows in written)
-    rows = f"  rows: {tables}" if tables else ""
-    return f"  step {step_key:<44} {seconds:7.1f} s  {status}{rows}"
+def _count(rows: Any) -> str:
+    return f"{rows:,}" if isinstance(rows, int) else "?"
+
+
+def _highlights(step_key: str, metadata: dict[str, dict[str, Any]]) -> str:
+    """What matters in one step's outcome, from its tables' metadata: quarantine, verdicts, anomalies, lag."""
+    table = metadata.get(step_key, {})
+    if step_key == "raw_topic_snapshots" and "rows_quarantined" in table:
+        return f"quarantined {_count(table['rows_quarantined'])}"
+    if step_key == "divergence_reports" and "keys_divergent" in table:
+        return (f"DIVERGENT {table['keys_divergent']}, MISSING {table['keys_missing']}, "
+                f"IN_FLIGHT {table['keys_in_flight']}")
+    if step_key == "stream_anomalies" and table:
+        kinds = table.get("by_anomaly") or {}
+        return "anomalies: " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none")
+    if step_key == "replication_lag" and table:
+        worst = table.get("worst_lag")
+        if not worst:
+            return "no heartbeat"
+        return f"worst p99 <= {worst['p99_upper_ms']:.0f} ms ({worst['replica']} from {worst['origin_region']})"
+    return ""
 
 
 class StepPrinter:
-    """Prints one line per step of a run as the step ends: seconds, status, and the rows of what it wrote.
+    """Prints one line per step of a run as the step ends: seconds, status, rows in and out, what matters.
 
     Called with each event of the run (``DagsterInstance.watch_event_logs``): in the run's
     own thread for an ephemeral instance, from a file watcher's thread for one on disk
     (``DAGSTER_HOME``), which may deliver the last events after the run returned: ``finish``
     then prints what is missing from the run's step statistics. Each step is printed once.
     On a terminal the line replaces the status line, which comes back on its next tick.
+    Rows in are the rows of the table the step reads (``STEP_INPUTS``; the ingestion's are
+    the rows read from the landing files).
     """
 
     _ENDS = {"STEP_SUCCESS": "success", "STEP_FAILURE": "failure", "STEP_SKIPPED": "skipped"}
@@ -251,7 +271,8 @@ class StepPrinter:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.started: dict[str, float] = {}
-        self.written: dict[str, list[tuple[str, Any]]] = {}
+        self.written: dict[str, list[str]] = {}  # step -> tables, in the order written
+        self.metadata: dict[str, dict[str, Any]] = {}  # table -> its materialization's metadata
         self.printed: set[str] = set()
 
     def __call__(self, entry: Any, _cursor: Any = None) -> None:
@@ -262,37 +283,49 @@ class StepPrinter:
         if kind == "STEP_START":
             self.started[event.step_key] = entry.timestamp
         elif kind == "ASSET_MATERIALIZATION":
-            materialization = event.event_specific_data.materialization
-            rows = materialization.metadata.get("dagster/row_count")
-            self.written.setdefault(event.step_key, []).append(
-                (materialization.asset_key.to_user_string(), getattr(rows, "value", None))
-            )
+            self._record(event.step_key, event.event_specific_data.materialization)
         elif kind in self._ENDS:
             seconds = entry.timestamp - self.started.get(event.step_key, entry.timestamp)
-            self._print(event.step_key, seconds, self._ENDS[kind], self.written.get(event.step_key, []))
+            self._print(event.step_key, seconds, self._ENDS[kind])
 
     def finish(self, instance: dg.DagsterInstance, run_id: str) -> None:
         """Print the steps whose end was not delivered (yet), in the order they ran."""
-        for stats in sorted(instance.get_run_step_stats(run_id), key=lambda s: s.start_time or 0):
-            if stats.step_key in self.printed:
-                continue
-            seconds = (stats.end_time or stats.start_time or 0) - (stats.start_time or 0)
-            status = stats.status.value.lower() if stats.status else "unknown"
-            written = []
+        stats = sorted(instance.get_run_step_stats(run_id), key=lambda s: s.start_time or 0)
+        if all(s.step_key in self.printed for s in stats):
+            return
+        with _OUTPUT:
             for record in instance.all_logs(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION):
-                if record.step_key == stats.step_key and record.dagster_event:
-                    materialization = record.dagster_event.event_specific_data.materialization
-                    rows = materialization.metadata.get("dagster/row_count")
-                    written.append((materialization.asset_key.to_user_string(), getattr(rows, "value", None)))
-            self._print(stats.step_key, seconds, status, written)
+                materialization = record.dagster_event.event_specific_data.materialization if record.dagster_event else None
+                if materialization and materialization.asset_key.to_user_string() not in self.metadata:
+                    self._record(record.step_key, materialization)
+            for step in stats:
+                seconds = (step.end_time or step.start_time or 0) - (step.start_time or 0)
+                self._print(step.step_key, seconds, step.status.value.lower() if step.status else "unknown")
 
-    def _print(self, step_key: str, seconds: float, status: str, written: list[tuple[str, Any]]) -> None:
+    def _record(self, step_key: str, materialization: Any) -> None:
+        table = materialization.asset_key.to_user_string()
+        self.metadata[table] = {k: _plain(v) for k, v in materialization.metadata.items()}
+        self.written.setdefault(step_key, []).append(table)
+
+    def _print(self, step_key: str, seconds: float, status: str) -> None:
         with _OUTPUT:
             if step_key in self.printed:
                 return
             self.printed.add(step_key)
+            parts = [f"  step {step_key:<44} {seconds:7.1f} s  {status}"]
+            if step_key in STEP_INPUTS:
+                source = STEP_INPUTS[step_key]
+                rows_in = (self.metadata.get("raw_topic_snapshots", {}).get("rows_read") if source is None
+                           else self.metadata.get(source, {}).get("dagster/row_count"))
+                parts.append(f"in {_count(rows_in)}")
+            out = [f"{t} {_count(self.metadata[t].get('dagster/row_count'))}" for t in self.written.get(step_key, [])]
+            if out:
+                parts.append("out: " + ", ".join(out))
+            highlights = _highlights(step_key, self.metadata)
+            if highlights:
+                parts.append(f"[{highlights}]")
             erase = "\r\x1b[K" if self.stream.isatty() else ""
-            self.stream.write(erase + _step_line(step_key, seconds, status, written) + "\n")
+            self.stream.write(erase + "  ".join(parts) + "\n")
             self.stream.flush()
 
 

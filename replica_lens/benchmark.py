@@ -56,18 +56,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from replica_lens.steps import STEP_INPUTS
 from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
 
 # The table each asset step reads its rows from (None: the landing files).
-STEP_INPUTS = {
-    "raw_topic_snapshots": None,
-    "heartbeat_segments": "raw_topic_snapshots",
-    "reconstructed_watermarks": "heartbeat_segments",
-    "divergence_reports": "reconstructed_watermarks",
-    "stream_anomalies": "raw_topic_snapshots",
-    "replication_lag": "raw_topic_snapshots",
-    "exporter_tables": "raw_topic_snapshots",
-}
 
 
 @dataclass(frozen=True)

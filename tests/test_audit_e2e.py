@@ -70,8 +70,15 @@ def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_la
     lines = {text.split()[1]: (at, text) for at, text in printed.lines}
     assert set(lines) == set(stats) and len(printed.lines) == len(stats)
     at, text = lines["raw_topic_snapshots"]
-    assert "success" in text and "raw_topic_snapshots 102" in text, text
+    assert "success" in text and "in 102" in text and "raw_topic_snapshots 102" in text, text
+    assert "[quarantined 0]" in text, text
     assert at < stats["divergence_reports"].start_time
+    # Rows in are the upstream table's rows out; the step's outcome is on its line.
+    watermarks = audit.metadata["reconstructed_watermarks"]["dagster/row_count"]
+    divergence = lines["divergence_reports"][1]
+    assert f"in {watermarks}" in divergence and "[DIVERGENT 3, MISSING 0, IN_FLIGHT 0]" in divergence, divergence
+    assert "[anomalies: DUPLICATE_OR_REWIND 5]" in lines["stream_anomalies"][1]
+    assert "[worst p99 <= 382 ms (dc-a from dc-a)]" in lines["replication_lag"][1]
     assert audit.failed_checks == ["divergence_reports:no_proven_divergence"]
     expected = json.loads((EXAMPLE / "two-regions.expected.json").read_text())["expected_reports"]
     proven = {r for r in _reports(spark, warehouse, "two-regions") if r[-1] in ("DIVERGENT", "MISSING")}

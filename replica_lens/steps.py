@@ -1,0 +1,12 @@
+"""The steps of an audit run and the table each reads its rows from (imports nothing: the benchmark's essential pass loads it)."""
+
+# Asset step -> the table it reads (None: the landing files).
+STEP_INPUTS = {
+    "raw_topic_snapshots": None,
+    "heartbeat_segments": "raw_topic_snapshots",
+    "reconstructed_watermarks": "heartbeat_segments",
+    "divergence_reports": "reconstructed_watermarks",
+    "stream_anomalies": "raw_topic_snapshots",
+    "replication_lag": "raw_topic_snapshots",
+    "exporter_tables": "raw_topic_snapshots",
+}
