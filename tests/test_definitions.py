@@ -148,9 +148,11 @@ def test_a_session_starts_without_spark_or_hadoop_chatter_unless_the_user_brings
     script = "from resources.spark import build_spark_session as b; import json, sys; " \
              "print(b(extra=json.loads(sys.argv[1])).range(3).count())"
     own = tmp_path / "log4j2.properties"
-    own.write_text("rootLogger.level = warn\nrootLogger.appenderRef.stderr.ref = console\n"
+    own.write_text("rootLogger.level = info\nrootLogger.appenderRef.stderr.ref = console\n"
                    "appender.console.type = Console\nappender.console.name = console\n"
-                   "appender.console.target = SYSTEM_ERR\n")
+                   "appender.console.target = SYSTEM_ERR\n"
+                   "logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer\n"
+                   "logger.gateway.level = info\n")
 
     def start(extra: dict) -> str:
         done = subprocess.run([sys.executable, "-c", script, json.dumps(extra)], capture_output=True, text=True,
@@ -162,8 +164,8 @@ def test_a_session_starts_without_spark_or_hadoop_chatter_unless_the_user_brings
     for chatter in ("log4j profile", "Setting default log level", " WARN ", " INFO "):
         assert chatter not in quiet, quiet
     chatty = start({"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{own}"})
-    # The user's file is the one read: Hadoop's warning, which the project's file hides, is back.
-    assert "native-hadoop" in chatty, chatty
+    # The user's file is the one read: Spark's INFO lines, which the project's file hides, are there.
+    assert "Running Spark version" in chatty, chatty
 
 
 def test_the_default_collector_reaches_the_jvm_the_session_starts(spark):
