@@ -216,6 +216,32 @@ def _witness_columns(rows: _Rows, row: np.ndarray, bottom: np.ndarray, bottom_re
     return columns
 
 
+def _versions(rows: _Rows, side: dict, keys: np.ndarray) -> dict[str, np.ndarray]:
+    """One side's versions with a known ``U`` as ``earliest_proofs`` takes them: data rows, then ⊥ per key if any."""
+    data = side["rows_in"][rows.known[side["rows_in"]]]
+    sop = side["sop"]
+    columns = {
+        "group": np.searchsorted(keys, rows.key[data]),
+        "idx": (rows.pos[data] + sop).astype(np.int64),
+        "token": rows.token[data].astype(np.int64),
+        "run_end": (rows.run_end[data] + sop).astype(np.int64),
+        **{f"u_{r}": u_r[data] for r, u_r in enumerate(rows.u)},
+        **{f"m_{r}": m_r[data] for r, m_r in enumerate(rows.m)},
+    }
+    if not sop:
+        return columns
+    count = len(keys)
+    bottom = {
+        "group": np.arange(count),
+        "idx": np.zeros(count, np.int64),
+        "token": np.full(count, -1, np.int64),  # ABSENT: no data token has code -1
+        "run_end": np.ones(count, np.int64),
+        **{f"u_{r}": np.full(count, MISSING, np.int64) for r in range(len(rows.u))},
+        **{f"m_{r}": reach for r, reach in enumerate(side["bottom_reach"])},
+    }
+    return {c: np.concatenate([columns[c], bottom[c]]) for c in columns}
+
+
 def _compare_pair(rows: _Rows, plan: PairPlan, schema: pa.Schema) -> pa.RecordBatch | None:
     """Every key of one pair in this partition: counts, last versions, and the first proof if any."""
     # The rows are sorted by topic partition first: this pair's are one slice.
@@ -239,33 +265,13 @@ def _compare_pair(rows: _Rows, plan: PairPlan, schema: pa.Schema) -> pa.RecordBa
                       "sop": int(sop), "bottom_reach": bottom_reach})
 
     # The versions with a known U of both sides, ⊥ first where the dump starts with START_OF_PUSH.
-    parts: dict[str, list[np.ndarray]] = {c: [] for c in ("group", "is_b", "idx", "token", "run_end", *(
-        f"{v}_{r}" for v in "um" for r in range(len(rows.u))))}
-    for is_b, side in enumerate(sides):
-        data = side["rows_in"][rows.known[side["rows_in"]]]
-        parts["group"] += [np.searchsorted(keys, rows.key[data])]
-        parts["idx"] += [rows.pos[data] + side["sop"]]
-        parts["token"] += [rows.token[data]]
-        parts["run_end"] += [rows.run_end[data] + side["sop"]]
-        for r in range(len(rows.u)):
-            parts[f"u_{r}"] += [rows.u[r][data]]
-            parts[f"m_{r}"] += [rows.m[r][data]]
-        size = len(data)
-        if side["sop"]:
-            parts["group"] += [np.arange(count)]
-            parts["idx"] += [np.zeros(count, np.int64)]
-            parts["token"] += [np.full(count, -1)]  # ABSENT: no data token has code -1
-            parts["run_end"] += [np.ones(count, np.int64)]
-            for r in range(len(rows.u)):
-                parts[f"u_{r}"] += [np.full(count, MISSING)]
-                parts[f"m_{r}"] += [side["bottom_reach"][r]]
-            size += count
-        parts["is_b"] += [np.full(size, bool(is_b))]
-    arrays = {c: np.concatenate(v) for c, v in parts.items()}
+    versions = [_versions(rows, side, keys) for side in sides]
+    is_b = np.concatenate([np.full(len(v["idx"]), bool(b)) for b, v in enumerate(versions)])
+    arrays = {c: np.concatenate([v[c] for v in versions]) for c in versions[0]}
     regions = range(len(rows.u))
     proven_groups, w_idx, v_idx = earliest_proofs(
-        arrays["group"], arrays["is_b"], arrays["idx"].astype(np.int64), arrays["token"].astype(np.int64),
-        arrays["run_end"].astype(np.int64), [arrays[f"u_{r}"] for r in regions], [arrays[f"m_{r}"] for r in regions],
+        arrays["group"], is_b, arrays["idx"], arrays["token"], arrays["run_end"],
+        [arrays[f"u_{r}"] for r in regions], [arrays[f"m_{r}"] for r in regions],
     )
     proven = np.zeros(count, dtype=bool)
     proven[proven_groups] = True
