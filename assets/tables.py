@@ -108,6 +108,20 @@ class StepTables:
         )
         return staged
 
+    def stage_empty(self, table: str, extra_metadata: dict[str, Any] | None = None) -> StagedWrite:
+        """Stage ``table`` with no rows, known empty beforehand: no Spark job, nothing for a data rule to fail."""
+        struct = struct_for(table)
+        validation = TableValidation(model_for(table))
+        staged = self.store.stage_empty(table, self.snapshot_id, struct)
+        self._staged[table] = _Staged(
+            staged=staged,
+            violations=validation.violations(struct, {}),
+            stage_seconds=0.0,
+            rules=len(validation.rules),
+            extra_metadata=dict(extra_metadata or {}),
+        )
+        return staged
+
     def frame(self, table: str) -> DataFrame:
         """The rows staged for ``table`` in this step (not yet published)."""
         return self.store.read_staged(self.spark, self._staged[table].staged)

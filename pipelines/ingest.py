@@ -40,6 +40,7 @@ import re
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 from functools import reduce
 
 import pyarrow as pa
@@ -474,18 +475,27 @@ class Judgement:
     problem of their own, and how many candidates sat at a conflicting position. Both are
     counted by the job that computes the accepted rows, so once it has run,
     ``quarantine()`` knows whether the quarantine is empty: then it is, at no cost; else it
-    is the lazy ``quarantined`` frame, which reads and judges the lines again (a second pass
-    only for snapshots that have bad rows).
+    is the ``quarantined`` frame, which reads and judges the lines again (a second pass
+    only for snapshots that have bad rows). That frame's plan is built only when it is
+    asked for: building and analysing it costs the driver about a second in a fresh JVM.
     """
 
     accepted: DataFrame
-    quarantined: DataFrame
+    build_quarantined: Callable[[], DataFrame]
     own_problems: Observation
     conflicts: Observation
 
+    @property
+    def quarantined(self) -> DataFrame:
+        return self.build_quarantined()
+
+    def quarantine_is_empty(self) -> bool:
+        """Whether no row was quarantined; call it after ``accepted`` has been computed (its observations are read)."""
+        return int(self.own_problems.get["rows"]) == 0 and int(self.conflicts.get["rows"]) == 0
+
     def quarantine(self) -> DataFrame:
         """The quarantined rows; call it after ``accepted`` has been computed (its observations are read)."""
-        if int(self.own_problems.get["rows"]) == 0 and int(self.conflicts.get["rows"]) == 0:
+        if self.quarantine_is_empty():
             return self.accepted.sparkSession.createDataFrame([], RawTopicQuarantine.to_structtype())
         return self.quarantined
 
@@ -562,33 +572,37 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         ]
     )
 
-    conflicting_positions = (
-        compare_candidates(judged).where("conflicting").select(*position, "rows_at_position").distinct()
+    def build_quarantined() -> DataFrame:
+        conflicting_positions = (
+            compare_candidates(judged).where("conflicting").select(*position, "rows_at_position").distinct()
+        )
+        conflict_detail = F.format_string(
+            "%d rows at replica %s, topic %s, partition %d, offset %d do not all have the same content",
+            "rows_at_position",
+            "replica",
+            "topic",
+            "partition",
+            "offset",
+        )
+        conflicting_rows = judged.where(candidate).join(conflicting_positions, on=position, how="inner").select(
+            "snapshot_id",
+            "source_file",
+            "replica",
+            "raw",
+            F.lit("CONFLICTING_POSITION").alias("reason"),
+            conflict_detail.alias("detail"),
+        )
+        own_problem = judged.where(~candidate).select(
+            "snapshot_id", "source_file", F.col("raw_replica").alias("replica"), "raw", "reason", "detail"
+        )
+        quarantine_struct = RawTopicQuarantine.to_structtype()
+        return own_problem.unionByName(conflicting_rows).select(
+            [F.col(f.name).cast(f.dataType).alias(f.name) for f in quarantine_struct.fields]
+        )
+
+    return Judgement(
+        accepted=accepted, build_quarantined=build_quarantined, own_problems=own_problems, conflicts=conflicts
     )
-    conflict_detail = F.format_string(
-        "%d rows at replica %s, topic %s, partition %d, offset %d do not all have the same content",
-        "rows_at_position",
-        "replica",
-        "topic",
-        "partition",
-        "offset",
-    )
-    conflicting_rows = judged.where(candidate).join(conflicting_positions, on=position, how="inner").select(
-        "snapshot_id",
-        "source_file",
-        "replica",
-        "raw",
-        F.lit("CONFLICTING_POSITION").alias("reason"),
-        conflict_detail.alias("detail"),
-    )
-    own_problem = judged.where(~candidate).select(
-        "snapshot_id", "source_file", F.col("raw_replica").alias("replica"), "raw", "reason", "detail"
-    )
-    quarantine_struct = RawTopicQuarantine.to_structtype()
-    quarantined = own_problem.unionByName(conflicting_rows).select(
-        [F.col(f.name).cast(f.dataType).alias(f.name) for f in quarantine_struct.fields]
-    )
-    return Judgement(accepted=accepted, quarantined=quarantined, own_problems=own_problems, conflicts=conflicts)
 
 
 def accounting_from_tables(accepted_df: DataFrame, quarantined_df: DataFrame) -> dict:

@@ -215,6 +215,23 @@ class DeltaStore(dg.ConfigurableResource):
             metrics=metrics,
         )
 
+    def stage_empty(self, table: str, snapshot_id: Optional[str], struct: T.StructType) -> StagedWrite:
+        """A staged write of no rows, known empty without running Spark: committing it empties the snapshot.
+
+        No file is written (a Spark job writing nothing still costs seconds in a fresh JVM);
+        the commit then names no file and removes the snapshot's previous ones.
+        """
+        if snapshot_id is not None:
+            check_snapshot_id(snapshot_id)
+        return StagedWrite(
+            table=table,
+            uri=self.table_uri(table),
+            snapshot_id=snapshot_id,
+            relative_dir=f"write-{uuid.uuid4().hex}",
+            struct=struct,
+            row_count=0,
+        )
+
     def read_staged(self, spark: SparkSession, staged: StagedWrite) -> DataFrame:
         """The staged rows, before they are committed (a later table of the same step may be built from them)."""
         if staged.row_count == 0:

@@ -99,6 +99,27 @@ def test_an_empty_table_is_staged_checked_and_published(spark, store):
     assert _offsets(spark, store) == []
 
 
+def test_a_table_known_empty_is_published_without_a_spark_job(spark, store):
+    """Catches: ``stage_empty`` leaving the snapshot's old rows in place, touching another snapshot,
+    writing files, or running a Spark job (the cost it exists to avoid)."""
+    list(_publish(spark, store, raw_frame(spark, _rows(3), "s1")))
+    other = StepTables(spark, store, "s2")
+    other.stage(raw_frame(spark, _rows(2), "s2"), TABLE)
+    list(other.publish())
+
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = len(tracker.getJobIdsForGroup(None))
+    tables = StepTables(spark, store, "s1")
+    staged = tables.stage_empty(TABLE)
+    (result,) = tables.publish()
+    assert len(tracker.getJobIdsForGroup(None)) == jobs_before
+    assert result.metadata["dagster/row_count"] == 0 and result.metadata["files_written"] == 0
+    assert result.check_results[0].passed
+    assert _offsets(spark, store) == []
+    assert store.read_snapshot(spark, TABLE, "s2", struct_for(TABLE)).count() == 2
+    assert not any(p.startswith(staged.relative_dir) for p in _live_paths(store, TABLE))
+
+
 def _publish(spark, store, df):
     tables = StepTables(spark, store, "s1")
     tables.stage(df, TABLE)
