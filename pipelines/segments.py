@@ -77,47 +77,24 @@ def annotate_segments(raw: DataFrame) -> DataFrame:
     return conform(annotated, HeartbeatSegments.to_structtype())
 
 
-def rows_at(annotated: DataFrame, positions: DataFrame) -> DataFrame:
-    """The rows of ``annotated`` at the (partition, ``offset``) of ``positions``: a few rows per replica partition.
+def bound_after_last_row() -> Column:
+    """Aggregate: ``L`` just after a group's last row (its ``L`` joined with its contribution).
 
-    ``positions`` holds a handful of rows per partition, so it is broadcast and the rows are
-    picked while they are read: no exchange or sort of the annotated rows.
+    The last row's two vectors are picked first and joined once per group, not once per row.
     """
-    return annotated.join(F.broadcast(positions), on=[*PARTITION_KEYS, "offset"], how="inner")
-
-
-def end_bounds(annotated: DataFrame, last_offsets: DataFrame) -> DataFrame:
-    """Per replica partition, ``L(end)`` and the resolved timestamp after its last row.
-
-    ``last_offsets`` holds each partition's last ``offset``. ``L(end)`` is the last row's
-    ``L`` joined with its contribution: the two vectors are merged once per partition.
-    """
-    last = rows_at(annotated, last_offsets)
-    return last.select(
-        *PARTITION_KEYS,
-        vector_max(F.col("applied_lower_bound"), F.col("contribution")).alias("end_lower_bound"),
-        "resolved_ts_ms",
-    )
+    last = F.max_by(F.struct("applied_lower_bound", "contribution"), "offset")
+    return vector_max(last["applied_lower_bound"], last["contribution"])
 
 
 def summarize_segments(annotated: DataFrame) -> DataFrame:
-    """One row per segment: offsets, rows per kind, baseline, closing watermark, resolved timestamp.
-
-    Counted with aggregates of fixed-width values only (a hash aggregation: no sort of the
-    rows). The vectors come from the few rows that hold them instead of an aggregate that
-    would carry maps through a sort: segment ``n``'s baseline is its opening heartbeat's,
-    and its closing watermark, ``L`` just after its last row, is ``L`` of the heartbeat
-    that opens segment ``n + 1`` (the row right after it), or ``L(end)`` for the last
-    segment of a partition.
-    """
+    """One row per segment: offsets, rows per kind, baseline, closing watermark, resolved timestamp."""
     kind = F.col("kind")
-    segment_keys = [*PARTITION_KEYS, "segment"]
 
     def count_of(condition: Column) -> Column:
         return F.sum(condition.cast(T.LongType()))
 
-    # The opening columns are constant within a segment; max just picks that value.
-    counts = annotated.groupBy(*segment_keys).agg(
+    # The opening columns are constant within a segment; max/max_by just pick that value.
+    summary = annotated.groupBy(*PARTITION_KEYS, "segment").agg(
         F.max("opening_offset").alias("opening_offset"),
         F.min("offset").alias("first_offset"),
         F.max("offset").alias("last_offset"),
@@ -126,21 +103,10 @@ def summarize_segments(annotated: DataFrame) -> DataFrame:
         count_of(kind == "DELETE").alias("deletes"),
         count_of(kind == "HEARTBEAT").alias("heartbeats"),
         count_of(~kind.isin("PUT", "DELETE", "HEARTBEAT")).alias("other_rows"),
+        F.max_by("baseline_vector", "offset").alias("baseline_vector"),
+        bound_after_last_row().alias("closing_watermark"),
         F.max("opening_applied_ts_min_ms").alias("opening_applied_ts_min_ms"),
         F.max("opening_applied_ts_max_ms").alias("opening_applied_ts_max_ms"),
         F.max("resolved_ts_ms").alias("resolved_ts_ms"),
-    )
-    heartbeats = annotated.where(kind == "HEARTBEAT")
-    opening = heartbeats.select(*segment_keys, "baseline_vector")
-    next_opening = heartbeats.select(
-        *PARTITION_KEYS, (F.col("segment") - 1).alias("segment"), F.col("applied_lower_bound").alias("next_bound")
-    )
-    last_offsets = annotated.groupBy(*PARTITION_KEYS).agg(F.max("offset").alias("offset"))
-    ends = end_bounds(annotated, last_offsets).select(*PARTITION_KEYS, "end_lower_bound")
-    summary = (
-        counts.join(opening, on=segment_keys, how="left")
-        .join(next_opening, on=segment_keys, how="left")
-        .join(F.broadcast(ends), on=list(PARTITION_KEYS), how="left")
-        .withColumn("closing_watermark", F.coalesce(F.col("next_bound"), F.col("end_lower_bound")))
     )
     return conform(summary, HeartbeatSegmentSummary.to_structtype())

@@ -14,7 +14,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.segments import PARTITION_KEYS, end_bounds, rows_at
+from pipelines.segments import PARTITION_KEYS, bound_after_last_row
 from pipelines.vectors import conform, empty_vector, partition_regions, running_max_single
 from schemas.raw import DATA_KINDS
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
@@ -28,36 +28,24 @@ def value_token() -> Column:
 
 
 def _partition_bounds(annotated: DataFrame) -> DataFrame:
-    """Per replica partition: offsets and counts by a hash aggregation, vectors from the rows that hold them.
-
-    The first heartbeat with a vector and the last row are found by their offsets and read
-    back by a broadcast join (``rows_at``): no aggregate carries maps through a sort.
-    """
     kind = F.col("kind")
     is_heartbeat_with_vector = (kind == "HEARTBEAT") & F.col("hb_vector").isNotNull()
 
     def count_of(condition: Column) -> Column:
         return F.sum(condition.cast(T.LongType()))
 
-    counts = annotated.groupBy(*PARTITION_KEYS).agg(
+    bounds = annotated.groupBy(*PARTITION_KEYS).agg(
         F.min("offset").alias("first_offset"),
         F.max("offset").alias("last_offset"),
-        F.min(F.when(kind == "START_OF_PUSH", F.col("offset"))).alias("first_sop_offset"),
-        F.min(F.when(is_heartbeat_with_vector, F.col("offset"))).alias("first_hb_offset"),
+        (F.min_by("kind", "offset") == F.lit("START_OF_PUSH")).alias("starts_with_sop"),
+        # min_by skips rows whose ordering value is null: only heartbeats with a vector compete.
+        F.min_by("hb_vector", F.when(is_heartbeat_with_vector, F.col("offset"))).alias("first_hb_vector"),
+        bound_after_last_row().alias("end_lower_bound"),
+        F.max_by("resolved_ts_ms", "offset").alias("resolved_ts_ms"),
         F.count(F.lit(1)).alias("rows"),
         count_of(kind == "PUT").alias("puts"),
         count_of(kind == "DELETE").alias("deletes"),
         count_of(kind == "HEARTBEAT").alias("heartbeats"),
-    )
-    first_hb = rows_at(
-        annotated.select(*PARTITION_KEYS, "offset", "hb_vector"),
-        counts.where(F.col("first_hb_offset").isNotNull()).select(*PARTITION_KEYS, F.col("first_hb_offset").alias("offset")),
-    ).select(*PARTITION_KEYS, F.col("hb_vector").alias("first_hb_vector"))
-    ends = end_bounds(annotated, counts.select(*PARTITION_KEYS, F.col("last_offset").alias("offset")))
-    bounds = (
-        counts.join(F.broadcast(first_hb), on=list(PARTITION_KEYS), how="left")
-        .join(F.broadcast(ends), on=list(PARTITION_KEYS), how="left")
-        .withColumn("starts_with_sop", F.coalesce(F.col("first_sop_offset") == F.col("first_offset"), F.lit(False)))
     )
     pre_history = F.when(F.col("starts_with_sop"), empty_vector()).otherwise(F.col("first_hb_vector"))
     return bounds.withColumn("pre_history_bound", pre_history).withColumn(
