@@ -140,13 +140,22 @@ def exporter_positions(raw: DataFrame) -> DataFrame:
         )
     )
     vt = _version_topic(raw)
+    # Fixed-width aggregates only (a hash aggregation): a max of structs would sort every row.
+    # max_by skips rows whose ordering value is null, so only heartbeats compete.
+    heartbeat_offset = F.when(F.col("kind") == "HEARTBEAT", F.col("offset"))
     partitions = vt.groupBy(*PARTITION_KEYS).agg(
         F.max("offset").alias("last_offset"),
-        F.max(
-            F.when(
-                F.col("kind") == "HEARTBEAT",
-                F.struct(F.col("offset").alias("offset"), F.col("applied_ts_max_ms").alias("applied_ts_max_ms")),
-            )
+        F.max(heartbeat_offset).alias("last_heartbeat_offset"),
+        F.max_by("applied_ts_max_ms", heartbeat_offset).alias("last_heartbeat_applied_ts_max_ms"),
+    ).select(
+        *PARTITION_KEYS,
+        "last_offset",
+        F.when(
+            F.col("last_heartbeat_offset").isNotNull(),
+            F.struct(
+                F.col("last_heartbeat_offset").alias("offset"),
+                F.col("last_heartbeat_applied_ts_max_ms").alias("applied_ts_max_ms"),
+            ),
         ).alias("last_heartbeat"),
     )
     joined = per_exporter.join(partitions, on=list(PARTITION_KEYS), how="left").join(
