@@ -35,7 +35,6 @@ object with a repeated field name keeps the last value (as Spark and Python's js
 """
 from __future__ import annotations
 
-import os
 import re
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +48,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from resources.filesystem import Location
 from schemas.raw import (
     FORBIDDEN_BY_KIND,
     KINDS,
@@ -94,9 +94,10 @@ _FIELD_MAP = T.MapType(T.StringType(), T.VariantType())
 
 @dataclass(frozen=True)
 class SnapshotFile:
-    path: str  # absolute path
+    path: str  # absolute path, or URI, as Spark reads it
     name: str  # relative to the snapshot folder; stored as source_file
     format: str  # one of FORMATS
+    size: int = 0  # bytes
 
 
 @dataclass(frozen=True)
@@ -108,25 +109,29 @@ class SnapshotFiles:
 
 
 def list_snapshot_files(folder: str) -> SnapshotFiles:
-    """The data files directly inside ``folder`` (sorted by name), and every other entry but ``_SUCCESS``."""
+    """The data files directly inside ``folder`` (sorted by name), and every other entry but ``_SUCCESS``.
+
+    ``folder`` is a path or a URI; it is listed through ``resources/filesystem.py`` (names,
+    types and sizes only: nothing of a file's content is read here).
+    """
     data: list[SnapshotFile] = []
     other: list[dict[str, str]] = []
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+    for entry in Location.of(folder).list():
         name = entry.name
-        if name == SUCCESS_MARKER and entry.is_file():
+        if name == SUCCESS_MARKER and entry.is_file:
             continue
-        if entry.is_dir():
+        if entry.is_dir:
             other.append({"file": name, "reason": "folder: only files directly in the snapshot folder are read"})
         elif name.startswith((".", "_")):
             other.append({"file": name, "reason": "hidden or marker file (name starts with '.' or '_')"})
-        elif not entry.is_file():
+        elif not entry.is_file:
             other.append({"file": name, "reason": "not a regular file"})
         else:
             fmt = next((f for f in FORMATS if name.endswith("." + f)), None)
             if fmt is None:
                 other.append({"file": name, "reason": "not a data file: expected *.jsonl, *.jsonl.gz or *.parquet"})
             else:
-                data.append(SnapshotFile(path=os.path.abspath(entry.path), name=name, format=fmt))
+                data.append(SnapshotFile(path=entry.uri, name=name, format=fmt, size=entry.size or 0))
     return SnapshotFiles(data_files=data, other_files=other)
 
 
@@ -156,7 +161,7 @@ def _gunzip(path: str, sink) -> str | None:
     read = 0
     produced = 0
     try:
-        with open(path, "rb") as fh:
+        with Location.of(path).open() as fh:
             while chunk := fh.read(_CHUNK):
                 read += len(chunk)
                 pending = chunk
@@ -233,7 +238,8 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile]) -> list[DataFr
     unreadable: list[tuple[str, str | None, str | None]] = []
     for file in files:
         try:
-            schema = pq.read_schema(file.path)
+            location = Location.of(file.path)
+            schema = pq.read_schema(location.path, filesystem=location.fs)
         except Exception as exc:  # noqa: BLE001 - any failure to open the footer makes the file unreadable
             unreadable.append((file.name, None, f"cannot read the Parquet footer: {exc}"))
             continue
@@ -272,7 +278,7 @@ def read_snapshot_lines(spark: SparkSession, folder: str) -> DataFrame:
     python_rows: list[tuple[str, str | None, str | None]] = []
 
     text_files = [f for f in files if f.format == "jsonl"]
-    gzip_files = [f for f in files if f.format == "jsonl.gz" and os.path.getsize(f.path) > 0]
+    gzip_files = [f for f in files if f.format == "jsonl.gz" and f.size > 0]
     with ThreadPoolExecutor(max_workers=max(1, min(4, len(gzip_files)))) as pool:
         problems = list(pool.map(lambda f: _gzip_problem(f.path), gzip_files))
     for file, problem in zip(gzip_files, problems):

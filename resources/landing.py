@@ -2,19 +2,21 @@
 
 A snapshot is a folder ``<root>/<snapshot_id>/`` whose ``_SUCCESS`` file is written
 last; a folder without it is still being written and is never read. A folder whose
-name is not a safe snapshot id is refused and never turned into a path.
+name is not a safe snapshot id is refused and never turned into a path. The root is a
+plain path or a URI; it is listed through ``resources/filesystem.py``.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
+import pyarrow.fs as pafs
 from pydantic import Field
 
 from resources.delta_store import UnsafeNameError, check_snapshot_id
 from resources.errors import SnapshotNotReady
+from resources.filesystem import Location
 
 SUCCESS_MARKER = "_SUCCESS"
 
@@ -29,51 +31,60 @@ class LandingScan:
 
 
 class LandingZone(dg.ConfigurableResource):
-    """The folder where snapshot folders land."""
+    """The folder where snapshot folders land: a plain path or a URI (``resources/filesystem.py``)."""
 
-    root: str = Field(description="Landing folder holding one sub-folder per raw topic snapshot.")
+    root: str = Field(
+        description="Landing folder holding one sub-folder per raw topic snapshot: a path, or a file://, s3://, "
+        "gs://, abfss:// or hdfs:// URI."
+    )
+
+    def _root(self) -> Location:
+        return Location.of(self.root)
+
+    def _snapshot(self, snapshot_id: str) -> Location:
+        check_snapshot_id(snapshot_id)
+        folder = self._root().child(snapshot_id)
+        if isinstance(folder.fs, pafs.LocalFileSystem):
+            # A symbolic link must not lead out of the landing folder.
+            root = Path(self._root().path).resolve()
+            if Path(folder.path).resolve().parent != root:
+                raise UnsafeNameError(f"snapshot {snapshot_id!r} resolves outside the landing folder {root}")
+        return folder
 
     def snapshot_path(self, snapshot_id: str) -> str:
-        """The folder of ``snapshot_id``; refuses unsafe ids and ids that would leave the landing folder."""
-        check_snapshot_id(snapshot_id)
-        root = Path(self.root).expanduser().resolve()
-        path = (root / snapshot_id).resolve()
-        if path.parent != root:
-            raise UnsafeNameError(f"snapshot {snapshot_id!r} resolves outside the landing folder {root}")
-        return str(path)
+        """The folder of ``snapshot_id`` (a path or URI); refuses unsafe ids and ids that would leave the landing folder."""
+        return self._snapshot(snapshot_id).uri
 
     def is_complete(self, snapshot_id: str) -> bool:
-        return os.path.isfile(os.path.join(self.snapshot_path(snapshot_id), SUCCESS_MARKER))
+        return self._snapshot(snapshot_id).child(SUCCESS_MARKER).is_file()
 
     def require_complete(self, snapshot_id: str) -> str:
-        """The folder of a complete snapshot, or a clear error."""
-        path = self.snapshot_path(snapshot_id)
-        if not os.path.isdir(path):
+        """The folder (path or URI) of a complete snapshot, or a clear error."""
+        folder = self._snapshot(snapshot_id)
+        if not folder.is_dir():
             raise SnapshotNotReady(f"snapshot {snapshot_id!r} not found in the landing folder {self.root}")
-        if not os.path.isfile(os.path.join(path, SUCCESS_MARKER)):
+        if not folder.child(SUCCESS_MARKER).is_file():
             raise SnapshotNotReady(
-                f"snapshot {snapshot_id!r} is incomplete (no {SUCCESS_MARKER} in {path}): it is not read until it is"
+                f"snapshot {snapshot_id!r} is incomplete (no {SUCCESS_MARKER} in {folder.uri}): it is not read until it is"
             )
-        return path
+        return folder.uri
 
     def scan(self) -> LandingScan:
-        root = Path(self.root).expanduser()
-        if not root.is_dir():
-            return LandingScan(complete=[], incomplete=[], refused=[])
+        """The snapshot folders, complete ones oldest first (by their marker's time), in one listing per folder."""
         complete: list[tuple[float, str]] = []
         incomplete: list[str] = []
         refused: list[str] = []
-        for entry in sorted(os.scandir(root), key=lambda e: e.name):
-            if not entry.is_dir(follow_symlinks=False):
+        for entry in self._root().list():
+            if not entry.is_dir:
                 continue
             try:
-                path = self.snapshot_path(entry.name)
+                folder = self._snapshot(entry.name)
             except UnsafeNameError:
                 refused.append(entry.name)
                 continue
-            marker = os.path.join(path, SUCCESS_MARKER)
-            if os.path.isfile(marker):
-                complete.append((os.path.getmtime(marker), entry.name))
+            marker = folder.child(SUCCESS_MARKER)
+            if marker.is_file():
+                complete.append((marker.mtime() or 0.0, entry.name))
             else:
                 incomplete.append(entry.name)
         return LandingScan(

@@ -1,0 +1,150 @@
+"""Where the landing zone lives: one filesystem layer for plain paths and storage URIs.
+
+The landing zone is listed, and its ``_SUCCESS`` markers and Parquet footers are read,
+through pyarrow's filesystems (``pyarrow.fs``), never through ``os`` calls, so that a
+landing folder can be a plain path, a ``file://`` URI or a URI of object storage or a
+distributed filesystem that both Spark and pyarrow support:
+
+=============================  ==========================  ===============================
+landing given as               listed with (pyarrow)        read by Spark as
+=============================  ==========================  ===============================
+``/data/landing``, ``file://``  ``LocalFileSystem``          the same path / URI
+``s3://b/p``, ``s3a://b/p``     ``S3FileSystem``             ``s3a://b/p`` (hadoop-aws)
+``gs://b/p``                    ``GcsFileSystem``            ``gs://b/p`` (GCS connector)
+``abfss://c@acct.dfs...``       ``AzureFileSystem``          ``abfss://...`` (hadoop-azure)
+``hdfs://nn:8020/p``            ``HadoopFileSystem``         ``hdfs://nn:8020/p``
+=============================  ==========================  ===============================
+
+Credentials and endpoints: pyarrow reads the usual environment of each store (for S3
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, profiles);
+``REPLICA_LENS_STORAGE_OPTIONS`` (JSON, also read from ``.env`` by ``dagster dev``) adds
+options of the filesystem's constructor, for example
+``{"endpoint_override": "http://127.0.0.1:9000", "allow_bucket_creation": false}`` for an
+S3-compatible server. Spark needs its own configuration for the same store (the
+``spark.hadoop.fs.s3a.*`` settings and the hadoop-aws jars on a cluster; see the README).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from resources.errors import InvalidSetting
+
+STORAGE_OPTIONS_ENV = "REPLICA_LENS_STORAGE_OPTIONS"
+# pyarrow's name of a scheme Spark (Hadoop) spells differently.
+_PYARROW_SCHEME = {"s3a": "s3", "s3n": "s3"}
+_SPARK_SCHEME = {"s3": "s3a"}
+
+
+def storage_options() -> dict:
+    """The extra filesystem options of ``REPLICA_LENS_STORAGE_OPTIONS`` (a JSON object), or none."""
+    text = os.environ.get(STORAGE_OPTIONS_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidSetting(f"{STORAGE_OPTIONS_ENV} is not JSON: {exc}") from exc
+    if not isinstance(options, dict):
+        raise InvalidSetting(f"{STORAGE_OPTIONS_ENV} must be a JSON object of filesystem options")
+    return options
+
+
+def _scheme(uri: str) -> str:
+    parts = urlsplit(uri)
+    # A Windows drive letter or a plain path has no scheme worth the name.
+    return parts.scheme.lower() if len(parts.scheme) > 1 else ""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a listed folder."""
+
+    name: str
+    uri: str
+    is_file: bool
+    is_dir: bool
+    size: Optional[int]
+    mtime: Optional[float]  # seconds since the epoch, when the store knows it
+
+
+@dataclass(frozen=True)
+class Location:
+    """A folder or file given as a plain path or a URI, with the filesystem that reaches it."""
+
+    uri: str  # as Spark should read it
+    fs: pafs.FileSystem
+    path: str  # the filesystem's own path
+
+    @classmethod
+    def of(cls, uri: str, options: Optional[dict] = None) -> "Location":
+        scheme = _scheme(uri)
+        if scheme in ("", "file"):
+            path = urlsplit(uri).path if scheme == "file" else uri
+            path = os.path.abspath(os.path.expanduser(path))
+            spark_uri = f"file://{path}" if scheme == "file" else path
+            return cls(uri=spark_uri, fs=pafs.LocalFileSystem(), path=path)
+        options = storage_options() if options is None else options
+        arrow_scheme = _PYARROW_SCHEME.get(scheme, scheme)
+        arrow_uri = arrow_scheme + uri[len(scheme):]
+        try:
+            if options and arrow_scheme == "s3":
+                parts = urlsplit(arrow_uri)
+                fs = pafs.S3FileSystem(**options)
+                path = (parts.netloc + parts.path).rstrip("/")
+            else:
+                fs, path = pafs.FileSystem.from_uri(arrow_uri)
+                if options:
+                    raise InvalidSetting(
+                        f"{STORAGE_OPTIONS_ENV} applies to s3:// locations only; {scheme}:// takes its settings "
+                        "from the environment of its client library"
+                    )
+        except InvalidSetting:
+            raise
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for an unusable URI
+            raise InvalidSetting(f"cannot open {uri!r}: {exc}") from exc
+        spark_scheme = _SPARK_SCHEME.get(scheme, scheme)
+        return cls(uri=spark_scheme + uri[len(scheme):].rstrip("/"), fs=fs, path=path.rstrip("/"))
+
+    def child(self, name: str) -> "Location":
+        return Location(uri=f"{self.uri.rstrip('/')}/{name}", fs=self.fs, path=f"{self.path.rstrip('/')}/{name}")
+
+    def _info(self) -> pafs.FileInfo:
+        return self.fs.get_file_info(self.path)
+
+    def is_dir(self) -> bool:
+        return self._info().type == pafs.FileType.Directory
+
+    def is_file(self) -> bool:
+        return self._info().type == pafs.FileType.File
+
+    def mtime(self) -> Optional[float]:
+        info = self._info()
+        return info.mtime.timestamp() if info.mtime is not None else None
+
+    def open(self):
+        """The file's bytes as they are stored (never decompressed on the way), as a readable stream."""
+        return self.fs.open_input_stream(self.path, compression=None)
+
+    def list(self) -> list[Entry]:
+        """The entries directly inside this folder, sorted by name (empty when it does not exist)."""
+        if not self.is_dir():
+            return []
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False, allow_not_found=True))
+        entries = [
+            Entry(
+                name=info.base_name,
+                uri=self.child(info.base_name).uri,
+                is_file=info.type == pafs.FileType.File,
+                is_dir=info.type == pafs.FileType.Directory,
+                size=info.size if info.type == pafs.FileType.File else None,
+                mtime=info.mtime.timestamp() if info.mtime is not None else None,
+            )
+            for info in infos
+        ]
+        return sorted(entries, key=lambda e: e.name)
