@@ -39,6 +39,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from resources.delta_stats import file_stats
 from resources.errors import InvalidSetting
 from resources.spark import has_native_delta
 
@@ -301,8 +302,8 @@ class DeltaStore(dg.ConfigurableResource):
                     os.remove(path)  # Spark's _SUCCESS and .crc files: not part of the table
                     continue
                 value = partition.split("=", 1)[1]
-                num_rows = pq.ParquetFile(path).metadata.num_rows
-                rows += num_rows
+                footer = pq.ParquetFile(path).metadata
+                rows += footer.num_rows
                 actions.append(
                     AddAction(
                         path=f"{staged.relative_dir}/{partition}/{name}",
@@ -310,7 +311,7 @@ class DeltaStore(dg.ConfigurableResource):
                         partition_values={PARTITION_COLUMN: value},
                         modification_time=now_ms,
                         data_change=True,
-                        stats=json.dumps({"numRecords": num_rows}),
+                        stats=json.dumps(file_stats(footer, skip=(PARTITION_COLUMN,))),
                     )
                 )
         version = self._commit_embedded(uri, actions, arrow_schema, staged.snapshot_id)
