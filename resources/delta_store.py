@@ -53,6 +53,7 @@ from pyspark.sql import types as T
 from resources.delta_stats import file_stats
 from resources.errors import InvalidSetting
 from resources.spark import has_native_delta
+from resources.tuning import DEFAULT_RETENTION_HOURS
 
 PARTITION_COLUMN = "snapshot_id"
 _SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -60,7 +61,6 @@ _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
 # Commits that lose a race to a concurrent writer are retried this many times in all.
 _COMMIT_ATTEMPTS = 10
 _ROWS = "__staged_rows"
-DEFAULT_RETENTION_HOURS = 7 * 24
 # delta-rs' default target for compacted files; a file under half of it is "small": two fit in one.
 COMPACT_TARGET_BYTES = 100 * 1024 * 1024
 

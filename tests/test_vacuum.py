@@ -185,3 +185,41 @@ def test_a_negative_or_fractional_retention_and_an_unsafe_table_name_are_refused
     with pytest.raises(InvalidSetting):
         store.vacuum(tables=["../elsewhere"])
     assert store.vacuum() == []  # no warehouse yet: nothing to do
+
+
+def test_the_vacuum_job_runs_through_dagster_and_reports_each_table(tmp_path):
+    """Catches: a job that does not reach the store resource, ignores its run config (retention,
+    dry run), or whose output metadata lacks the per-table files and bytes removed."""
+    from deltalake import write_deltalake
+
+    from replica_lens.definitions import build_definitions
+
+    warehouse = tmp_path / "warehouse"
+    for table in ("alpha", "beta"):
+        write_deltalake(str(warehouse / table), pa.table({"offset": [1, 2], "snapshot_id": ["s1", "s1"]}),
+                        partition_by=["snapshot_id"])
+    orphan = warehouse / "alpha" / "write-crashed" / "snapshot_id=s1" / "part-0.parquet"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"x" * 100)
+    _age(str(warehouse / "alpha" / "write-crashed"), 8 * DAY)
+    defs = build_definitions(landing_root=str(tmp_path / "landing"), warehouse_root=str(warehouse),
+                             spark_master="local[1]", delta_jars_dir=None)
+    job = defs.resolve_job_def("vacuum_warehouse")
+
+    def run(**config):
+        result = job.execute_in_process(run_config={"ops": {"vacuum_tables": {"config": config}}})
+        assert result.success
+        (output,) = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+        return result.output_for_node("vacuum_tables"), output.event_specific_data.metadata
+
+    rows, metadata = run(dry_run=True)
+    assert orphan.exists() and metadata["dry_run"].value is True
+    assert {r["table"]: (r["files_removed"], r["bytes_removed"]) for r in rows} == {"alpha": (1, 100), "beta": (0, 0)}
+    rows, metadata = run(retention_hours=24 * 30)  # the orphan is 8 days old: within a 30-day retention
+    assert orphan.exists() and metadata["files_removed"].value == 0
+    rows, metadata = run()
+    assert not orphan.exists() and not orphan.parent.parent.exists()
+    assert (metadata["files_removed"].value, metadata["bytes_removed"].value) == (1, 100)
+    by_table = {r.data["table"]: r.data for r in metadata["by_table"].value.records}
+    assert by_table["alpha"]["files_removed"] == 1 and by_table["beta"]["bytes_removed"] == 0
+    assert pa.table(DeltaTable(str(warehouse / "alpha")).to_pyarrow_table()).num_rows == 2
