@@ -142,7 +142,8 @@ vacuum_warehouse_daily = dg.ScheduleDefinition(
     name="vacuum_warehouse_daily",
     job=vacuum_warehouse,
     cron_schedule="30 3 * * *",
+    execution_timezone="UTC",
     run_config={"ops": {"vacuum_tables": {"config": {"retention_hours": DEFAULT_RETENTION_HOURS}}}},
     default_status=dg.DefaultScheduleStatus.STOPPED,
-    description="Every day at 03:30, vacuums the warehouse with a 7-day retention (off by default: turn it on to opt in).",
+    description="Every day at 03:30 UTC, vacuums the warehouse with a 7-day retention (off by default: turn it on to opt in).",
 )

@@ -561,7 +561,7 @@ class DeltaStore(dg.ConfigurableResource):
         dt = DeltaTable(uri)
         compacted: list[Optional[str]] = []
         files_compacted = files_written = 0
-        note = ""
+        notes: list[str] = []
         if compact:
             actions = _add_actions(dt)
             live = list(
@@ -583,15 +583,15 @@ class DeltaStore(dg.ConfigurableResource):
                         writer_properties=WriterProperties(compression="ZSTD"),
                     )
                 except CommitFailedError as error:  # a write of the snapshot won: it is fresh anyway
-                    note = f"compaction of {partition} skipped (concurrent write: {str(error).splitlines()[0]})"
+                    notes.append(f"compaction of {partition} skipped (concurrent write: {str(error).splitlines()[0]})")
                     dt.update_incremental()
                     continue
                 compacted.append(partition)
                 files_compacted += int(metrics.get("numFilesRemoved", 0))
                 files_written += int(metrics.get("numFilesAdded", 0))
-            # The vacuum below must see the compacted files as live: with a short retention a
-            # stale view would take them for files no version names, and remove them.
-            dt.update_incremental()
+        # The vacuum must see the latest version (the compaction's, a concurrent write's): with a
+        # short retention a stale view would take their files for files no version names.
+        dt.update_incremental()
         # The files to remove, measured before they go (delta-rs reports paths only).
         candidates = dt.vacuum(retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False, full=True)
         sizes = {path: _size(os.path.join(uri, path)) for path in candidates}
@@ -614,7 +614,7 @@ class DeltaStore(dg.ConfigurableResource):
             compacted=tuple(str(p) for p in compacted),
             files_compacted=files_compacted,
             files_written=files_written,
-            note=note,
+            note="; ".join(notes),
         )
 
 

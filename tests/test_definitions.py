@@ -95,7 +95,7 @@ def test_the_vacuum_schedule_is_daily_off_by_default_and_sets_the_retention():
     # operator opts in), the schedule aimed at another job, or its retention not in run config.
     schedule = defs.resolve_schedule_def("vacuum_warehouse_daily")
     assert (schedule.job_name, schedule.cron_schedule) == ("vacuum_warehouse", "30 3 * * *")
-    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED and schedule.execution_timezone == "UTC"
     with dg.build_schedule_context() as context:
         (request,) = schedule.evaluate_tick(context).run_requests
     assert request.run_config["ops"]["vacuum_tables"]["config"] == {"retention_hours": 168}
