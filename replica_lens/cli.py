@@ -9,7 +9,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
+from resources.tuning import DEFAULT_RETENTION_HOURS, DEFAULT_SHUFFLE_PARTITIONS
 
 EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
@@ -92,6 +92,39 @@ def _benchmark(args: argparse.Namespace) -> int:
     return 0 if all(v["success"] for v in report["variants"]) else EXIT_RUN_FAILED
 
 
+def _vacuum(args: argparse.Namespace) -> int:
+    from resources.delta_store import DeltaStore
+    from resources.errors import InvalidSetting
+
+    if not Path(args.warehouse).is_dir():
+        raise InvalidSetting(f"no warehouse at {args.warehouse}: give the folder that holds the Delta tables")
+    results = DeltaStore(warehouse_root=args.warehouse).vacuum(
+        retention_hours=args.retention_hours, dry_run=args.dry_run, compact=args.compact
+    )
+    for line in vacuum_lines(results, args.warehouse, args.retention_hours, args.dry_run):
+        print(line)
+    return 0
+
+
+def vacuum_lines(results: Sequence, warehouse: str, retention_hours: int, dry_run: bool) -> list[str]:
+    """The per-table summary of a vacuum (``VacuumResult`` rows), as ``replica-lens vacuum`` prints it."""
+    removed = "would remove" if dry_run else "removed"
+    lines = [f"vacuum of {warehouse} (retention {retention_hours} h{'; dry run: nothing changed' if dry_run else ''})"]
+    if not results:
+        return lines + ["  no Delta table found"]
+    width = max(len(r.table) for r in results)
+    lines.append(f"  {'table':<{width}}  {'files':>7}  {'bytes':>13}  compacted")
+    for r in results:
+        compacted = ", ".join(r.compacted) or "-"
+        if r.compacted:
+            compacted += f" ({r.files_compacted} small files" + (f" -> {r.files_written})" if not dry_run else ")")
+        note = f"  [{r.note}]" if r.note else ""
+        lines.append(f"  {r.table:<{width}}  {r.files:>7,}  {r.bytes:>13,}  {compacted}{note}")
+    files, size = sum(r.files for r in results), sum(r.bytes for r in results)
+    lines.append(f"{removed} {files:,} files, {size:,} bytes in {len(results)} tables")
+    return lines
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replica-lens", description=__doc__)
     common = argparse.ArgumentParser(add_help=False)
@@ -163,6 +196,25 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shuffle-partitions", type=int, default=DEFAULT_SHUFFLE_PARTITIONS, help="spark.sql.shuffle.partitions (upper bound; adaptive execution merges small partitions)")
     bench.add_argument("--keep", action="store_true", help="keep the simulated snapshots and tables")
     bench.set_defaults(handler=_benchmark)
+
+    vacuum = commands.add_parser(
+        "vacuum",
+        parents=[common],
+        help="remove the files no Delta version needs (superseded, or of crashed writes) from every table",
+    )
+    vacuum.add_argument("--warehouse", required=True, help="folder holding the Delta tables, one per asset")
+    vacuum.add_argument(
+        "--retention-hours",
+        type=int,
+        default=DEFAULT_RETENTION_HOURS,
+        help="remove only files older than this; versions older than it can no longer be read "
+        "(keep it above the longest audit run; default: %(default)s, 7 days)",
+    )
+    vacuum.add_argument("--dry-run", action="store_true", help="report what would be removed; change nothing")
+    vacuum.add_argument(
+        "--compact", action="store_true", help="first compact the snapshots that hold several small files"
+    )
+    vacuum.set_defaults(handler=_vacuum)
     return parser
 
 

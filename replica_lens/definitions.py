@@ -17,6 +17,8 @@ from replica_lens.jobs import (
     reaudit_newest_snapshot,
     refresh_trend,
     trend_after_audit,
+    vacuum_warehouse,
+    vacuum_warehouse_daily,
 )
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
@@ -38,8 +40,8 @@ def build_definitions(
     return dg.Definitions(
         assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations, trend]),
         asset_checks=[divergence.no_proven_divergence, operations.lag_within_bounds, operations.exporters_within_bounds],
-        jobs=[audit_snapshot, refresh_trend],
-        schedules=[reaudit_newest_snapshot],
+        jobs=[audit_snapshot, refresh_trend, vacuum_warehouse],
+        schedules=[reaudit_newest_snapshot, vacuum_warehouse_daily],
         sensors=[landing_sensor, trend_after_audit],
         resources={
             "spark": SparkResource(

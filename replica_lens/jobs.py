@@ -1,9 +1,12 @@
 """Jobs, sensors and schedules of the code location."""
 
 import dagster as dg
+from pydantic import Field
 
 from assets.partitions import SNAPSHOTS, snapshot_partitions
+from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
+from resources.tuning import DEFAULT_RETENTION_HOURS
 
 AUDIT_JOB = "audit_snapshot"
 
@@ -71,3 +74,76 @@ def reaudit_newest_snapshot(context: dg.ScheduleEvaluationContext):
 )
 def trend_after_audit(context: dg.RunStatusSensorContext):
     return dg.RunRequest(run_key=f"trend-after-{context.dagster_run.run_id}")
+
+
+VACUUM_JOB = "vacuum_warehouse"
+
+
+class VacuumConfig(dg.Config):
+    retention_hours: int = Field(
+        default=DEFAULT_RETENTION_HOURS,
+        description="Files that no Delta version needs are removed once older than this (also the time-travel "
+        "window); keep it well above the longest audit run, whose staged files only their age protects.",
+    )
+    dry_run: bool = Field(default=False, description="Report what would be removed (and compacted); change nothing.")
+    compact: bool = Field(default=False, description="First compact the snapshots that hold several small files.")
+
+
+_VACUUM_COLUMNS = dg.TableSchema(
+    columns=[
+        dg.TableColumn("table", "string"),
+        dg.TableColumn("files_removed", "int"),
+        dg.TableColumn("bytes_removed", "int"),
+        dg.TableColumn("folders_removed", "int"),
+        dg.TableColumn("snapshots_compacted", "int"),
+        dg.TableColumn("files_compacted", "int"),
+        dg.TableColumn("files_written", "int"),
+        dg.TableColumn("note", "string"),
+    ]
+)
+
+
+@dg.op(
+    description="VACUUM every Delta table of the warehouse: remove the files no version needs, past the retention.",
+    out=dg.Out(list, description="One row per table: files and bytes removed, compaction."),
+)
+def vacuum_tables(context: dg.OpExecutionContext, config: VacuumConfig, store: DeltaStore) -> dg.Output:
+    results = store.vacuum(retention_hours=config.retention_hours, dry_run=config.dry_run, compact=config.compact)
+    rows = [result.as_row() for result in results]
+    verb = "would remove" if config.dry_run else "removed"
+    for row in rows:
+        context.log.info(f"{row['table']}: {verb} {row['files_removed']} files, {row['bytes_removed']} bytes")
+    return dg.Output(
+        rows,
+        metadata={
+            "dry_run": config.dry_run,
+            "retention_hours": config.retention_hours,
+            "tables": len(rows),
+            "files_removed": sum(row["files_removed"] for row in rows),
+            "bytes_removed": sum(row["bytes_removed"] for row in rows),
+            "by_table": dg.MetadataValue.table(
+                records=[dg.TableRecord(row) for row in rows], schema=_VACUUM_COLUMNS
+            ),
+        },
+    )
+
+
+@dg.job(
+    name=VACUUM_JOB,
+    executor_def=dg.in_process_executor,
+    description="Housekeeping: VACUUM every Delta table of the warehouse (retention, dry run and compaction in run config).",
+)
+def vacuum_warehouse():
+    vacuum_tables()
+
+
+# Off until an operator turns it on: a vacuum bounds time travel, a choice to make knowingly.
+vacuum_warehouse_daily = dg.ScheduleDefinition(
+    name="vacuum_warehouse_daily",
+    job=vacuum_warehouse,
+    cron_schedule="30 3 * * *",
+    execution_timezone="UTC",
+    run_config={"ops": {"vacuum_tables": {"config": {"retention_hours": DEFAULT_RETENTION_HOURS}}}},
+    default_status=dg.DefaultScheduleStatus.STOPPED,
+    description="Every day at 03:30 UTC, vacuums the warehouse with a 7-day retention (off by default: turn it on to opt in).",
+)

@@ -18,6 +18,17 @@ Two engines write the same table format:
   after the other: one copy, the later commit's.
 
 ``engine="auto"`` picks native when the session has delta-spark loaded.
+
+Housekeeping (``DeltaStore.vacuum``) keeps the warehouse from growing without bound. A
+VACUUM of each table removes every file that no Delta version still needs and that is
+older than the retention: the files of superseded snapshot writes (removed from the table
+by a later commit more than the retention ago) and files that no version ever named
+(``write-<uuid>`` folders of writes that crashed before their commit). The retention is
+what keeps a write in flight safe: its staged files are named by no version until it
+commits, so only their age protects them (keep the retention well above the longest
+run). It also bounds time travel: a version older than the retention may have lost its
+files. Optionally, partitions of many small files are first compacted into fewer files
+(delta-rs ``optimize.compact``, a commit that changes no row).
 """
 from __future__ import annotations
 
@@ -39,8 +50,10 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from resources.delta_stats import file_stats
 from resources.errors import InvalidSetting
 from resources.spark import has_native_delta
+from resources.tuning import DEFAULT_RETENTION_HOURS
 
 PARTITION_COLUMN = "snapshot_id"
 _SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -48,6 +61,8 @@ _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
 # Commits that lose a race to a concurrent writer are retried this many times in all.
 _COMMIT_ATTEMPTS = 10
 _ROWS = "__staged_rows"
+# delta-rs' default target for compacted files; a file under half of it is "small": two fit in one.
+COMPACT_TARGET_BYTES = 100 * 1024 * 1024
 
 
 class UnsafeNameError(InvalidSetting):
@@ -104,6 +119,76 @@ class WriteResult:
     row_count: int
     engine: str
     files: int
+
+
+@dataclass(frozen=True)
+class VacuumResult:
+    """What housekeeping did to one table (or, on a dry run, would do)."""
+
+    table: str
+    dry_run: bool
+    files: int  # removed: superseded files past the retention and files no version names
+    bytes: int
+    folders: int = 0  # empty folders left by removed files (never counted on a dry run)
+    compacted: tuple[str, ...] = ()  # snapshots whose small files were (or would be) compacted
+    files_compacted: int = 0  # small files rewritten (on a dry run: that would be)
+    files_written: int = 0  # files the compaction wrote
+    note: str = ""  # e.g. a compaction that lost a race to a concurrent write
+
+    def as_row(self) -> dict:
+        return {
+            "table": self.table,
+            "files_removed": self.files,
+            "bytes_removed": self.bytes,
+            "folders_removed": self.folders,
+            "snapshots_compacted": len(self.compacted),
+            "files_compacted": self.files_compacted,
+            "files_written": self.files_written,
+            "note": self.note,
+        }
+
+
+def partitions_to_compact(
+    files: Sequence[tuple[Optional[str], int]], target_bytes: int = COMPACT_TARGET_BYTES, min_files: int = 2
+) -> list[Optional[str]]:
+    """The partitions (snapshot ids) of ``(partition, size)`` live files that compaction would shrink.
+
+    A partition needs it when it holds at least ``min_files`` files under half the target
+    size: two of those fit in one target-size file. Partitions of one file, or of files
+    near the target, are left alone (rewriting them would gain nothing).
+    """
+    small: dict[Optional[str], int] = {}
+    for partition, size in files:
+        if size < target_bytes // 2:
+            small[partition] = small.get(partition, 0) + 1
+    return sorted((p for p, n in small.items() if n >= min_files), key=lambda p: (p is None, p or ""))
+
+
+def _remove_empty_folders(root: str, deleted: Sequence[str], cutoff: float) -> int:
+    """Remove the empty folders under ``root`` that this vacuum emptied or that are older than ``cutoff``.
+
+    The log (``_delta_log``) and hidden top-level folders are never touched. A folder of a
+    write in flight is young and never emptied by a vacuum (its files are young too), so
+    it stays; ``rmdir`` removes only empty folders, so a file arriving meanwhile wins.
+    Returns how many folders were removed.
+    """
+    emptied = {os.path.dirname(os.path.join(root, path)) for path in deleted}
+    removed = 0
+    for top in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        if top.startswith(("_", ".")) or not os.path.isdir(os.path.join(root, top)):
+            continue
+        for folder, subfolders, names in os.walk(os.path.join(root, top), topdown=False):
+            if names or any(os.path.isdir(os.path.join(folder, sub)) for sub in subfolders):
+                continue
+            try:
+                if folder not in emptied and os.stat(folder).st_mtime >= cutoff:
+                    continue
+                os.rmdir(folder)
+            except OSError:  # a file arrived, or another vacuum removed it first
+                continue
+            removed += 1
+            emptied.add(os.path.dirname(folder))
+    return removed
 
 
 def _without_partition(struct: T.StructType) -> T.StructType:
@@ -301,8 +386,8 @@ class DeltaStore(dg.ConfigurableResource):
                     os.remove(path)  # Spark's _SUCCESS and .crc files: not part of the table
                     continue
                 value = partition.split("=", 1)[1]
-                num_rows = pq.ParquetFile(path).metadata.num_rows
-                rows += num_rows
+                footer = pq.ParquetFile(path).metadata
+                rows += footer.num_rows
                 actions.append(
                     AddAction(
                         path=f"{staged.relative_dir}/{partition}/{name}",
@@ -310,7 +395,7 @@ class DeltaStore(dg.ConfigurableResource):
                         partition_values={PARTITION_COLUMN: value},
                         modification_time=now_ms,
                         data_change=True,
-                        stats=json.dumps({"numRecords": num_rows}),
+                        stats=json.dumps(file_stats(footer, skip=(PARTITION_COLUMN,))),
                     )
                 )
         version = self._commit_embedded(uri, actions, arrow_schema, staged.snapshot_id)
@@ -419,3 +504,122 @@ class DeltaStore(dg.ConfigurableResource):
         from deltalake import DeltaTable
 
         return DeltaTable(self.table_uri(table)).version() if self.exists(table) else None
+
+    # ---------------------------------------------------------- housekeeping
+    def tables(self) -> list[str]:
+        """The Delta tables of the warehouse: its folders with a safe table name and a Delta log."""
+        from deltalake import DeltaTable
+
+        root = self._local_root()
+        if not os.path.isdir(root):
+            return []
+        return sorted(
+            name
+            for name in os.listdir(root)
+            if _TABLE_NAME.fullmatch(name) and DeltaTable.is_deltatable(os.path.join(root, name))
+        )
+
+    def _local_root(self) -> str:
+        root = _local_path(self.warehouse_root)
+        if "://" in root:
+            raise InvalidSetting(
+                f"housekeeping lists and measures files on a local warehouse only, not {self.warehouse_root!r}: "
+                "vacuum a remote warehouse with its engine's own VACUUM"
+            )
+        return str(Path(root).expanduser().resolve())
+
+    def vacuum(
+        self,
+        retention_hours: int = DEFAULT_RETENTION_HOURS,
+        dry_run: bool = False,
+        compact: bool = False,
+        tables: Optional[Sequence[str]] = None,
+        compact_target_bytes: int = COMPACT_TARGET_BYTES,
+    ) -> list[VacuumResult]:
+        """Vacuum every table of the warehouse (or ``tables``); see the module docstring.
+
+        Per table: with ``compact``, the snapshots with several small files are compacted
+        first (their old files become superseded, removed by a later vacuum once past the
+        retention); then every file that no version needs and older than
+        ``retention_hours`` is removed, with the folders that leaves empty. ``dry_run``
+        changes nothing and reports what would be removed (and compacted).
+        """
+        if not isinstance(retention_hours, int) or isinstance(retention_hours, bool) or retention_hours < 0:
+            raise InvalidSetting(f"retention_hours must be a whole number of hours >= 0, not {retention_hours!r}")
+        names = self.tables() if tables is None else [check_table_name(t) for t in tables]
+        return [
+            self._vacuum_table(name, retention_hours, dry_run, compact, compact_target_bytes) for name in names
+        ]
+
+    def _vacuum_table(
+        self, table: str, retention_hours: int, dry_run: bool, compact: bool, target_bytes: int
+    ) -> VacuumResult:
+        from deltalake import DeltaTable, WriterProperties
+        from deltalake.exceptions import CommitFailedError
+
+        uri = os.path.join(self._local_root(), table)
+        dt = DeltaTable(uri)
+        compacted: list[Optional[str]] = []
+        files_compacted = files_written = 0
+        notes: list[str] = []
+        if compact:
+            actions = _add_actions(dt)
+            live = list(
+                zip(
+                    actions.get(f"partition.{PARTITION_COLUMN}", [None] * len(actions.get("path", []))),
+                    actions.get("size_bytes", []),
+                )
+            )
+            for partition in partitions_to_compact(live, target_bytes):
+                small = sum(1 for p, size in live if p == partition and size < target_bytes // 2)
+                if dry_run:
+                    compacted.append(partition)
+                    files_compacted += small
+                    continue
+                try:
+                    metrics = dt.optimize.compact(
+                        partition_filters=None if partition is None else [(PARTITION_COLUMN, "=", partition)],
+                        target_size=target_bytes,
+                        writer_properties=WriterProperties(compression="ZSTD"),
+                    )
+                except CommitFailedError as error:  # a write of the snapshot won: it is fresh anyway
+                    notes.append(f"compaction of {partition} skipped (concurrent write: {str(error).splitlines()[0]})")
+                    dt.update_incremental()
+                    continue
+                compacted.append(partition)
+                files_compacted += int(metrics.get("numFilesRemoved", 0))
+                files_written += int(metrics.get("numFilesAdded", 0))
+        # The vacuum must see the latest version (the compaction's, a concurrent write's): with a
+        # short retention a stale view would take their files for files no version names.
+        dt.update_incremental()
+        # The files to remove, measured before they go (delta-rs reports paths only).
+        candidates = dt.vacuum(retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False, full=True)
+        sizes = {path: _size(os.path.join(uri, path)) for path in candidates}
+        folders = 0
+        if dry_run:
+            removed = candidates
+        else:
+            cutoff = time.time() - retention_hours * 3600
+            # (Nothing to remove: no VACUUM commits, which would only lengthen the log.)
+            removed = candidates and dt.vacuum(
+                retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
+            )
+            folders = _remove_empty_folders(uri, removed, cutoff)
+        return VacuumResult(
+            table=table,
+            dry_run=dry_run,
+            files=len(removed),
+            bytes=sum(sizes.get(path, 0) for path in removed),
+            folders=folders,
+            compacted=tuple(str(p) for p in compacted),
+            files_compacted=files_compacted,
+            files_written=files_written,
+            note="; ".join(notes),
+        )
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

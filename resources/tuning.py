@@ -1,4 +1,4 @@
-"""Default sizes of the Spark session, importable without starting anything (the CLI reads them)."""
+"""Default sizes of the Spark session and of housekeeping, importable without starting anything (the CLI reads them)."""
 
 # An upper bound, not a task count: adaptive execution merges each shuffle's partitions to
 # about 32 MB, so 2 million rows run in a dozen tasks and 20 million in a hundred or more.
@@ -6,3 +6,8 @@
 # that merging the spills ran out of heap.
 DEFAULT_SHUFFLE_PARTITIONS = 512
 DEFAULT_DRIVER_MEMORY = "3g"
+
+# VACUUM keeps files that no Delta version needs for this long (Delta's own default): the
+# time-travel window, and the margin that protects a write in flight (its staged files are
+# named by no version until it commits).
+DEFAULT_RETENTION_HOURS = 7 * 24

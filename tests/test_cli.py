@@ -109,3 +109,41 @@ def test_the_status_line_moves_on_a_terminal_and_stays_off_pipes(spark):
     with status_line(quiet, "auditing s1", every=0.05, enabled=False):
         time.sleep(0.2)
     assert quiet.written == []
+
+
+def test_vacuum_prints_a_line_per_table_and_a_dry_run_changes_nothing(tmp_path, capsys):
+    # Catches: the command not wired (or not reaching DeltaStore.vacuum), --dry-run or
+    # --retention-hours ignored, a summary without the per-table files and bytes, or a
+    # warehouse path typo taken for an empty warehouse instead of a usage error.
+    import os
+    import time
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    warehouse = tmp_path / "warehouse"
+    for table in ("alpha", "beta"):
+        write_deltalake(str(warehouse / table), pa.table({"offset": [1], "snapshot_id": ["s1"]}),
+                        partition_by=["snapshot_id"])
+    orphan = warehouse / "alpha" / "write-crashed" / "part-0.parquet"
+    orphan.parent.mkdir()
+    orphan.write_bytes(b"x" * 1234)
+    old = time.time() - 8 * 24 * 3600
+    os.utime(orphan, (old, old))
+
+    assert main(["vacuum", "--warehouse", str(warehouse), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "retention 168 h; dry run" in out[0]
+    assert [line.split()[:3] for line in out[2:4]] == [["alpha", "1", "1,234"], ["beta", "0", "0"]]
+    assert out[-1] == "would remove 1 files, 1,234 bytes in 2 tables" and orphan.exists()
+
+    assert main(["vacuum", "--warehouse", str(warehouse), "--retention-hours", "240"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("removed 0 files") and orphan.exists()
+    assert main(["vacuum", "--warehouse", str(warehouse), "--compact"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "removed 1 files, 1,234 bytes in 2 tables"
+    assert not orphan.parent.exists()
+
+    assert main(["vacuum", "--warehouse", str(tmp_path / "nope")]) == EXIT_USAGE
+    assert "no warehouse at" in capsys.readouterr().err
+    assert main(["vacuum", "--warehouse", str(warehouse), "--retention-hours", "-1"]) == EXIT_USAGE
+    assert "retention_hours must be" in capsys.readouterr().err

@@ -33,10 +33,12 @@ def test_the_code_location_loads_with_exactly_its_jobs_sensors_and_schedule():
     dg.Definitions.validate_loadable(defs)
     repository = defs.get_repository_def()
     # Dagster adds its implicit asset job; every other job is one of ours.
-    assert {job.name for job in repository.get_all_jobs()} - {"__ASSET_JOB"} == {"audit_snapshot", "refresh_trend"}
+    assert {job.name for job in repository.get_all_jobs()} - {"__ASSET_JOB"} == {
+        "audit_snapshot", "refresh_trend", "vacuum_warehouse",
+    }
     assert {sensor.name for sensor in repository.sensor_defs} == {"landing_sensor", "trend_after_audit"}
-    assert {schedule.name for schedule in repository.schedule_defs} == {"reaudit_newest_snapshot"}
-    for name in ("audit_snapshot", "refresh_trend"):
+    assert {schedule.name for schedule in repository.schedule_defs} == {"reaudit_newest_snapshot", "vacuum_warehouse_daily"}
+    for name in ("audit_snapshot", "refresh_trend", "vacuum_warehouse"):
         job = defs.resolve_job_def(name)
         assert job.name == name
         # One process per run: Spark starts once and every step shares its JVM.
@@ -86,6 +88,19 @@ def test_sensors_and_schedule_target_their_jobs_and_run_by_default():
     schedule = defs.resolve_schedule_def("reaudit_newest_snapshot")
     assert (schedule.job_name, schedule.cron_schedule) == ("audit_snapshot", "0 * * * *")
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+
+
+def test_the_vacuum_schedule_is_daily_off_by_default_and_sets_the_retention():
+    # Catches: housekeeping switched on for every deployment (a vacuum bounds time travel: an
+    # operator opts in), the schedule aimed at another job, or its retention not in run config.
+    schedule = defs.resolve_schedule_def("vacuum_warehouse_daily")
+    assert (schedule.job_name, schedule.cron_schedule) == ("vacuum_warehouse", "30 3 * * *")
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED and schedule.execution_timezone == "UTC"
+    with dg.build_schedule_context() as context:
+        (request,) = schedule.evaluate_tick(context).run_requests
+    assert request.run_config["ops"]["vacuum_tables"]["config"] == {"retention_hours": 168}
+    job = defs.resolve_job_def("vacuum_warehouse")
+    assert "store" in job.required_resource_keys and "spark" not in job.required_resource_keys  # no JVM started
 
 
 def test_resource_settings_come_from_the_environment_when_a_run_starts(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -123,3 +124,86 @@ def test_native_engine_writes_tables_the_embedded_reader_reads(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
     table = pa.table(DeltaTable(str(tmp_path / "raw_topic_snapshots")).to_pyarrow_table())
     assert table.num_rows == 2
+
+
+def _write_in_files_of(spark, store, df, snapshot_id: str, rows_per_file: int):
+    """Write ``df`` (one partition, in offset order) as files of ``rows_per_file``: disjoint offset ranges."""
+    key = "spark.sql.files.maxRecordsPerFile"
+    before = spark.conf.get(key)
+    spark.conf.set(key, str(rows_per_file))
+    try:
+        return store.write_snapshot(spark, df, "raw_topic_snapshots", snapshot_id, STRUCT)
+    finally:
+        spark.conf.set(key, before)
+
+
+def _file_stats_from_data(table: pa.Table) -> tuple[dict, dict, dict]:
+    """Min, max and null count per column computed from the rows themselves."""
+    low, high, nulls = {}, {}, {}
+    for name in table.column_names:
+        column = table[name]
+        nulls[name] = column.null_count
+        if pa.types.is_integer(column.type) or pa.types.is_string(column.type) or pa.types.is_boolean(column.type):
+            bounds = pa.compute.min_max(column).as_py()
+            low[name], high[name] = bounds["min"], bounds["max"]
+    return low, high, nulls
+
+
+def test_every_committed_file_carries_statistics_that_match_its_rows(spark, store):
+    """Catches: add actions without minValues/maxValues/nullCount (readers cannot skip files), a
+    bound that does not hold for the file's rows, a truncated string max, or the partition
+    column in the stats instead of partitionValues."""
+    import json
+
+    rows = _rows(60)
+    for row in rows[::3]:
+        row.update(kind="DELETE", value=None)
+    for row in rows[::4]:
+        row["hb_vector"] = {"dc-a": row["offset"]}
+    rows[7]["key"] = "k" * 50  # longer than the 32-character prefix: no max for key in its file
+    _write_in_files_of(spark, store, raw_frame(spark, rows, "s1").coalesce(1), "s1", 30)
+
+    dt = DeltaTable(store.table_uri("raw_topic_snapshots"))
+    actions = pa.table(dt.get_add_actions(flatten=False)).to_pylist()
+    assert len(actions) == 2
+    log = [json.loads(line) for line in open(f"{store.table_uri('raw_topic_snapshots')}/_delta_log/00000000000000000001.json")]
+    stats_by_path = {a["add"]["path"]: json.loads(a["add"]["stats"]) for a in log if "add" in a}
+    for path, stats in stats_by_path.items():
+        data = pq.read_table(f"{store.table_uri('raw_topic_snapshots')}/{path}")
+        low, high, nulls = _file_stats_from_data(data)
+        assert stats["numRecords"] == data.num_rows == 30
+        assert "snapshot_id" not in stats["minValues"] and "snapshot_id" not in stats["nullCount"]
+        for name, expected in nulls.items():
+            if name in ("hb_vector", "extra_fields"):
+                # A map's count is written only when the footer proves it (0 nulls), else left out.
+                if name in stats["nullCount"]:
+                    assert stats["nullCount"][name] == expected == 0, (path, name)
+            else:
+                assert stats["nullCount"][name] == expected, (path, name)
+        for name, value in low.items():
+            if value is None:  # only nulls: no bounds
+                assert name not in stats["minValues"] and name not in stats["maxValues"]
+                continue
+            assert stats["minValues"][name] == (value[:32] if isinstance(value, str) else value), (path, name)
+            if isinstance(high[name], str) and len(high[name]) > 32:
+                assert name not in stats["maxValues"], (path, name)
+            else:
+                assert stats["maxValues"][name] == high[name], (path, name)
+    offsets = sorted((s["minValues"]["offset"], s["maxValues"]["offset"]) for s in stats_by_path.values())
+    assert offsets == [(0, 29), (30, 59)]
+
+
+def test_a_filter_on_a_data_column_skips_files_through_the_statistics(spark, store):
+    """Catches: statistics missing or unreadable by delta-rs (``numRecords`` only): a filter on
+    ``offset`` then reads every file of the snapshot instead of the one that can hold a match."""
+    import pyarrow.compute as pc
+
+    rows = _rows(40)
+    _write_in_files_of(spark, store, raw_frame(spark, rows, "s1").coalesce(1), "s1", 20)
+
+    dataset = DeltaTable(store.table_uri("raw_topic_snapshots")).to_pyarrow_dataset()
+    wanted = pc.field("offset") >= 25
+    assert len(list(dataset.get_fragments())) == 2
+    assert len(list(dataset.get_fragments(filter=wanted))) == 1
+    assert len(list(dataset.get_fragments(filter=pc.field("offset") > 100))) == 0
+    assert sorted(dataset.to_table(filter=wanted)["offset"].to_pylist()) == list(range(25, 40))
