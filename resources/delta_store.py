@@ -19,6 +19,13 @@ Two engines write the same table format:
 
 ``engine="auto"`` picks native when the session has delta-spark loaded.
 
+The warehouse is a path or a URI (``file://``, ``s3://``/``s3a://``, ...). The embedded
+commit lists the staged files, reads their footers and removes Spark's markers through
+``resources/filesystem.py`` (pyarrow's filesystems), and delta-rs is given the storage
+options of ``REPLICA_LENS_STORAGE_OPTIONS``: nothing assumes a local disk there. (Spark
+reads and writes the same URIs through its Hadoop connectors; housekeeping still needs a
+local warehouse.)
+
 Housekeeping (``DeltaStore.vacuum``) keeps the warehouse from growing without bound. A
 VACUUM of each table removes every file that no Delta version still needs and that is
 older than the retention: the files of superseded snapshot writes (removed from the table
@@ -36,7 +43,6 @@ import json
 import os
 import random
 import re
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -52,6 +58,7 @@ from pyspark.sql import types as T
 
 from resources.delta_stats import file_stats
 from resources.errors import InvalidSetting
+from resources.filesystem import Location, delta_storage_options, spark_uri
 from resources.spark import has_native_delta
 from resources.tuning import DEFAULT_RETENTION_HOURS
 
@@ -223,7 +230,8 @@ class DeltaStore(dg.ConfigurableResource):
         root = self.warehouse_root
         if "://" not in root:
             root = str(Path(root).expanduser().resolve())
-        return f"{root.rstrip('/')}/{table}"
+        # One name for Spark and delta-rs (both read s3a://).
+        return f"{spark_uri(root).rstrip('/')}/{table}"
 
     def _engine(self, spark: SparkSession) -> str:
         if self.engine == "embedded":
@@ -241,7 +249,7 @@ class DeltaStore(dg.ConfigurableResource):
     def exists(self, table: str) -> bool:
         from deltalake import DeltaTable
 
-        return DeltaTable.is_deltatable(self.table_uri(table))
+        return DeltaTable.is_deltatable(self.table_uri(table), storage_options=delta_storage_options())
 
     # ----------------------------------------------------------------- write
     def write_snapshot(
@@ -330,7 +338,7 @@ class DeltaStore(dg.ConfigurableResource):
 
     def discard(self, staged: StagedWrite) -> None:
         """Remove a staged write that must not be published."""
-        shutil.rmtree(_local_path(staged.folder), ignore_errors=True)
+        Location.of(staged.folder).delete_tree()
 
     def commit(self, spark: SparkSession, staged: StagedWrite) -> WriteResult:
         """Publish a staged write: the snapshot's (or table's) rows become exactly the staged ones, in one commit."""
@@ -368,36 +376,39 @@ class DeltaStore(dg.ConfigurableResource):
 
         uri = staged.uri
         arrow_schema = _arrow_schema(staged.struct)
-        if not DeltaTable.is_deltatable(uri):
+        options = delta_storage_options()
+        if not DeltaTable.is_deltatable(uri, storage_options=options):
             try:
-                DeltaTable.create(uri, schema=arrow_schema, partition_by=[PARTITION_COLUMN], name=staged.table)
+                DeltaTable.create(
+                    uri, schema=arrow_schema, partition_by=[PARTITION_COLUMN], name=staged.table, storage_options=options
+                )
             except Exception:  # noqa: BLE001 - a concurrent run created it first; use theirs
-                if not DeltaTable.is_deltatable(uri):
+                if not DeltaTable.is_deltatable(uri, storage_options=options):
                     raise
         actions = []
         rows = 0
         now_ms = int(time.time() * 1000)
-        local_target = _local_path(staged.folder)
-        for folder, _, names in os.walk(local_target):
-            partition = os.path.basename(folder)
-            for name in sorted(names):
-                path = os.path.join(folder, name)
-                if not name.endswith(".parquet"):
-                    os.remove(path)  # Spark's _SUCCESS and .crc files: not part of the table
-                    continue
-                value = partition.split("=", 1)[1]
-                footer = pq.ParquetFile(path).metadata
-                rows += footer.num_rows
-                actions.append(
-                    AddAction(
-                        path=f"{staged.relative_dir}/{partition}/{name}",
-                        size=os.path.getsize(path),
-                        partition_values={PARTITION_COLUMN: value},
-                        modification_time=now_ms,
-                        data_change=True,
-                        stats=json.dumps(file_stats(footer, skip=(PARTITION_COLUMN,))),
-                    )
+        # Listed and read through the filesystem layer: the staged files may be on object storage.
+        target = Location.of(staged.folder)
+        for info in target.walk_files():
+            relative = target.relative(info.path)  # "<snapshot_id=...>/part-....parquet"
+            partition = relative.rsplit("/", 1)[0] if "/" in relative else ""
+            if not info.base_name.endswith(".parquet"):
+                target.fs.delete_file(info.path)  # Spark's _SUCCESS and .crc files: not part of the table
+                continue
+            with target.fs.open_input_file(info.path) as handle:
+                footer = pq.ParquetFile(handle).metadata
+            rows += footer.num_rows
+            actions.append(
+                AddAction(
+                    path=f"{staged.relative_dir}/{relative}",
+                    size=info.size,
+                    partition_values={PARTITION_COLUMN: partition.split("=", 1)[1]},
+                    modification_time=now_ms,
+                    data_change=True,
+                    stats=json.dumps(file_stats(footer, skip=(PARTITION_COLUMN,))),
                 )
+            )
         version = self._commit_embedded(uri, actions, arrow_schema, staged.snapshot_id)
         return WriteResult(table_uri=uri, version=version, row_count=rows, engine="embedded", files=len(actions))
 
@@ -417,7 +428,7 @@ class DeltaStore(dg.ConfigurableResource):
 
         claim = f"replica-lens:{PARTITION_COLUMN}={snapshot_id}" if snapshot_id is not None else "replica-lens:table"
         for attempt in range(1, _COMMIT_ATTEMPTS + 1):
-            dt = DeltaTable(uri)
+            dt = DeltaTable(uri, storage_options=delta_storage_options())
             try:
                 dt.create_write_transaction(
                     actions,
@@ -464,7 +475,7 @@ class DeltaStore(dg.ConfigurableResource):
     ) -> DataFrame:
         from deltalake import DeltaTable
 
-        dt = DeltaTable(uri)
+        dt = DeltaTable(uri, storage_options=delta_storage_options())
         features = set(getattr(dt.protocol(), "reader_features", None) or [])
         unsupported = features & {"deletionVectors", "columnMapping"}
         if unsupported:
@@ -497,13 +508,17 @@ class DeltaStore(dg.ConfigurableResource):
 
         if not self.exists(table):
             return []
-        actions = _add_actions(DeltaTable(self.table_uri(table)))
+        actions = _add_actions(DeltaTable(self.table_uri(table), storage_options=delta_storage_options()))
         return sorted(set(actions.get(f"partition.{PARTITION_COLUMN}", [])))
 
     def version(self, table: str) -> Optional[int]:
         from deltalake import DeltaTable
 
-        return DeltaTable(self.table_uri(table)).version() if self.exists(table) else None
+        return (
+            DeltaTable(self.table_uri(table), storage_options=delta_storage_options()).version()
+            if self.exists(table)
+            else None
+        )
 
     # ---------------------------------------------------------- housekeeping
     def tables(self) -> list[str]:

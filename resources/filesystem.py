@@ -15,13 +15,16 @@ landing given as               listed with (pyarrow)        read by Spark as
 ``hdfs://nn:8020/p``            ``HadoopFileSystem``         ``hdfs://nn:8020/p``
 =============================  ==========================  ===============================
 
-Credentials and endpoints: pyarrow reads the usual environment of each store (for S3
-``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, profiles);
-``REPLICA_LENS_STORAGE_OPTIONS`` (JSON, also read from ``.env`` by ``dagster dev``) adds
-options of the filesystem's constructor, for example
-``{"endpoint_override": "http://127.0.0.1:9000", "allow_bucket_creation": false}`` for an
-S3-compatible server. Spark needs its own configuration for the same store (the
-``spark.hadoop.fs.s3a.*`` settings and the hadoop-aws jars on a cluster; see the README).
+Credentials and endpoints: pyarrow and delta-rs read the usual environment of each store
+(for S3 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ENDPOINT_URL``).
+``REPLICA_LENS_STORAGE_OPTIONS`` (a JSON object, also read from ``.env`` by ``dagster dev``)
+gives them explicitly, in delta-rs's vocabulary (its ``storage_options``, the keys of the
+``object_store`` crate), for example
+``{"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true"}`` for an
+S3-compatible server. The Delta commits take them as they are; the listing takes the S3
+ones it has a name for (``s3_filesystem_options``). Spark needs its own configuration for
+the same store (the ``spark.hadoop.fs.s3a.*`` settings and the hadoop-aws jars; see the
+README).
 """
 from __future__ import annotations
 
@@ -41,8 +44,8 @@ _PYARROW_SCHEME = {"s3a": "s3", "s3n": "s3"}
 _SPARK_SCHEME = {"s3": "s3a"}
 
 
-def storage_options() -> dict:
-    """The extra filesystem options of ``REPLICA_LENS_STORAGE_OPTIONS`` (a JSON object), or none."""
+def storage_options() -> dict[str, str]:
+    """``REPLICA_LENS_STORAGE_OPTIONS`` (a JSON object of delta-rs storage options), or none."""
     text = os.environ.get(STORAGE_OPTIONS_ENV, "").strip()
     if not text:
         return {}
@@ -51,14 +54,42 @@ def storage_options() -> dict:
     except json.JSONDecodeError as exc:
         raise InvalidSetting(f"{STORAGE_OPTIONS_ENV} is not JSON: {exc}") from exc
     if not isinstance(options, dict):
-        raise InvalidSetting(f"{STORAGE_OPTIONS_ENV} must be a JSON object of filesystem options")
-    return options
+        raise InvalidSetting(f"{STORAGE_OPTIONS_ENV} must be a JSON object of storage options")
+    return {str(k): str(v) for k, v in options.items()}
+
+
+# delta-rs (object_store) option -> pyarrow.fs.S3FileSystem argument.
+_S3_ARGUMENTS = {
+    "aws_access_key_id": "access_key",
+    "aws_secret_access_key": "secret_key",
+    "aws_session_token": "session_token",
+    "aws_region": "region",
+    "aws_default_region": "region",
+    "aws_endpoint_url": "endpoint_override",
+    "aws_endpoint": "endpoint_override",
+}
+
+
+def s3_filesystem_options(options: dict[str, str]) -> dict[str, str]:
+    """The arguments of ``pyarrow.fs.S3FileSystem`` that ``options`` (delta-rs's names) set."""
+    return {_S3_ARGUMENTS[k.lower()]: v for k, v in options.items() if k.lower() in _S3_ARGUMENTS}
+
+
+def delta_storage_options() -> Optional[dict[str, str]]:
+    """What delta-rs is given as ``storage_options`` (None: its defaults and the environment)."""
+    return storage_options() or None
 
 
 def _scheme(uri: str) -> str:
     parts = urlsplit(uri)
     # A Windows drive letter or a plain path has no scheme worth the name.
     return parts.scheme.lower() if len(parts.scheme) > 1 else ""
+
+
+def spark_uri(uri: str) -> str:
+    """``uri`` as Spark's Hadoop connectors name it (``s3://`` is read with ``s3a``); paths unchanged."""
+    scheme = _scheme(uri)
+    return _SPARK_SCHEME.get(scheme, scheme) + uri[len(scheme):] if scheme else uri
 
 
 @dataclass(frozen=True)
@@ -87,29 +118,21 @@ class Location:
         if scheme in ("", "file"):
             path = urlsplit(uri).path if scheme == "file" else uri
             path = os.path.abspath(os.path.expanduser(path))
-            spark_uri = f"file://{path}" if scheme == "file" else path
-            return cls(uri=spark_uri, fs=pafs.LocalFileSystem(), path=path)
+            local_uri = f"file://{path}" if scheme == "file" else path
+            return cls(uri=local_uri, fs=pafs.LocalFileSystem(), path=path)
         options = storage_options() if options is None else options
         arrow_scheme = _PYARROW_SCHEME.get(scheme, scheme)
         arrow_uri = arrow_scheme + uri[len(scheme):]
         try:
-            if options and arrow_scheme == "s3":
+            if arrow_scheme == "s3" and s3_filesystem_options(options):
                 parts = urlsplit(arrow_uri)
-                fs = pafs.S3FileSystem(**options)
-                path = (parts.netloc + parts.path).rstrip("/")
+                fs = pafs.S3FileSystem(**s3_filesystem_options(options))
+                path = parts.netloc + parts.path
             else:
                 fs, path = pafs.FileSystem.from_uri(arrow_uri)
-                if options:
-                    raise InvalidSetting(
-                        f"{STORAGE_OPTIONS_ENV} applies to s3:// locations only; {scheme}:// takes its settings "
-                        "from the environment of its client library"
-                    )
-        except InvalidSetting:
-            raise
         except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for an unusable URI
             raise InvalidSetting(f"cannot open {uri!r}: {exc}") from exc
-        spark_scheme = _SPARK_SCHEME.get(scheme, scheme)
-        return cls(uri=spark_scheme + uri[len(scheme):].rstrip("/"), fs=fs, path=path.rstrip("/"))
+        return cls(uri=spark_uri(uri).rstrip("/"), fs=fs, path=path.rstrip("/"))
 
     def child(self, name: str) -> "Location":
         return Location(uri=f"{self.uri.rstrip('/')}/{name}", fs=self.fs, path=f"{self.path.rstrip('/')}/{name}")
@@ -126,6 +149,20 @@ class Location:
     def mtime(self) -> Optional[float]:
         info = self._info()
         return info.mtime.timestamp() if info.mtime is not None else None
+
+    def relative(self, inner: str) -> str:
+        """The path of ``inner`` (a path of this filesystem inside this location) relative to it."""
+        return inner[len(self.path.rstrip("/")) + 1:]
+
+    def walk_files(self) -> list[pafs.FileInfo]:
+        """Every file under this folder, at any depth (empty when it does not exist)."""
+        selector = pafs.FileSelector(self.path, recursive=True, allow_not_found=True)
+        return sorted((i for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File), key=lambda i: i.path)
+
+    def delete_tree(self) -> None:
+        """Remove this folder and everything in it (nothing when it does not exist)."""
+        if self.is_dir():
+            self.fs.delete_dir(self.path)
 
     def open(self):
         """The file's bytes as they are stored (never decompressed on the way), as a readable stream."""

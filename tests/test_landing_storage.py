@@ -1,14 +1,18 @@
-"""The landing zone is reached through one filesystem layer: plain paths, file:// URIs and object storage.
+"""Landing and warehouse are reached through one filesystem layer: plain paths, file:// URIs and object storage.
 
-The object-storage case runs against an S3-compatible server (moto) started on loopback:
-Spark cannot read S3 here (no hadoop-aws jars), but listing, markers, Parquet footers and
-the gzip check go through ``resources/filesystem.py`` and are tested on it.
+The object-storage cases run against an S3-compatible server (moto) started on loopback:
+Spark cannot read or write S3 here (no hadoop-aws jars), but the landing zone's listing,
+markers, Parquet footers and gzip check, and the embedded Delta commit of staged files, go
+through ``resources/filesystem.py`` and delta-rs, and are tested on it.
 """
 from __future__ import annotations
 
 import gzip
 import json
 import socket
+import subprocess
+import sys
+import time
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -17,7 +21,7 @@ import pytest
 
 from pipelines.ingest import list_snapshot_files, read_snapshot_lines
 from resources.errors import InvalidSetting, SnapshotNotReady
-from resources.filesystem import STORAGE_OPTIONS_ENV, Location
+from resources.filesystem import STORAGE_OPTIONS_ENV, Location, s3_filesystem_options
 from resources.landing import LandingZone
 
 ROW = {"replica": "dc-a", "topic": "t", "partition": 0, "offset": 0, "kind": "START_OF_PUSH"}
@@ -31,23 +35,45 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def s3_options():
-    """Options of an S3FileSystem reaching a moto server on loopback, with one empty bucket ``landing``."""
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
-    server.start()
+    """Storage options (delta-rs's names) reaching a moto server on loopback, with buckets ``landing`` and ``warehouse``."""
+    pytest.importorskip("moto.server")
+    # A process of its own: delta-rs holds the GIL while it waits on a request, so a server
+    # thread in this process (moto's ThreadedMotoServer) could never answer it.
+    host, port = "127.0.0.1", _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                pytest.fail("the moto S3 server did not start")
+            time.sleep(0.2)
     try:
-        host, port = server.get_host_and_port()
         options = {
-            "endpoint_override": f"http://{host}:{port}",
-            "access_key": "testing",
-            "secret_key": "testing",
-            "region": "us-east-1",
-            "allow_bucket_creation": True,
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+            # moto has no conditional writes for delta-rs's commit; one writer at a time here.
+            "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
         }
-        pafs.S3FileSystem(**options).create_dir("landing")
+        for bucket in ("landing", "warehouse"):
+            _s3(options, allow_bucket_creation=True).create_dir(bucket)
         yield options
     finally:
-        server.stop()
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _s3(options: dict, **extra) -> pafs.S3FileSystem:
+    return pafs.S3FileSystem(**s3_filesystem_options(options), **extra)
 
 
 def _put(fs: pafs.FileSystem, path: str, data: bytes) -> None:
@@ -73,7 +99,7 @@ def _fill(fs: pafs.FileSystem, root: str) -> None:
 def test_a_landing_on_s3_is_listed_through_the_filesystem_layer(s3_options, monkeypatch):
     """Catches a landing zone listed with ``os`` calls: on object storage every snapshot was "not found"."""
     monkeypatch.setenv(STORAGE_OPTIONS_ENV, json.dumps(s3_options))
-    _fill(pafs.S3FileSystem(**s3_options), "landing/zone-a")
+    _fill(_s3(s3_options), "landing/zone-a")
 
     zone = LandingZone(root="s3a://landing/zone-a")
     scan = zone.scan()
@@ -100,7 +126,7 @@ def test_gzip_and_parquet_footers_are_read_through_the_layer(s3_options, monkeyp
     from pipelines import ingest
 
     monkeypatch.setenv(STORAGE_OPTIONS_ENV, json.dumps(s3_options))
-    fs = pafs.S3FileSystem(**s3_options)
+    fs = _s3(s3_options)
     whole = gzip.compress(b'{"a": 1}\n' * 50)
     _put(fs, "landing/gz/whole.jsonl.gz", whole)
     _put(fs, "landing/gz/cut.jsonl.gz", whole[: len(whole) // 2])
@@ -137,3 +163,61 @@ def test_storage_options_must_be_a_json_object(monkeypatch):
     monkeypatch.setenv(STORAGE_OPTIONS_ENV, "[1, 2]")
     with pytest.raises(InvalidSetting, match="JSON object"):
         Location.of("s3://bucket/landing")
+
+
+def _staged_on_s3(fs: pafs.FileSystem, relative_dir: str, rows: list[dict]):
+    """Parquet files (and Spark's _SUCCESS) where Spark would have staged a snapshot of table ``t``."""
+    from pyspark.sql import types as T
+
+    from resources.delta_store import StagedWrite
+
+    struct = T.StructType([
+        T.StructField("snapshot_id", T.StringType(), False),
+        T.StructField("offset", T.LongType(), False),
+        T.StructField("key", T.StringType(), True),
+    ])
+    folder = f"warehouse/wh/t/{relative_dir}/snapshot_id=s1"
+    fs.create_dir(folder, recursive=True)
+    for i in range(0, len(rows), 2):
+        sink = pa.BufferOutputStream()
+        schema = pa.schema([pa.field("offset", pa.int64(), False), pa.field("key", pa.string())])
+        pq.write_table(pa.Table.from_pylist(rows[i:i + 2], schema=schema), sink)
+        _put(fs, f"{folder}/part-{i:05d}.parquet", sink.getvalue().to_pybytes())
+    _put(fs, f"warehouse/wh/t/{relative_dir}/_SUCCESS", b"")
+    return StagedWrite(
+        table="t", uri="s3a://warehouse/wh/t", snapshot_id="s1", relative_dir=relative_dir, struct=struct,
+        row_count=len(rows),
+    )
+
+
+def test_the_embedded_delta_commit_works_on_object_storage(s3_options, monkeypatch):
+    """Catches a commit that finds the staged files with ``os.walk`` (on S3 it found none and committed an
+    empty snapshot), that ignores the storage options, or that leaves Spark's markers in the table."""
+    import deltalake
+
+    from resources.delta_store import DeltaStore
+
+    monkeypatch.setenv(STORAGE_OPTIONS_ENV, json.dumps(s3_options))
+    fs = _s3(s3_options)
+    store = DeltaStore(warehouse_root="s3://warehouse/wh", engine="embedded")
+    assert store.table_uri("t") == "s3a://warehouse/wh/t"
+
+    first = [{"offset": i, "key": f"k{i}"} for i in range(5)]
+    result = store.commit(None, _staged_on_s3(fs, "write-1", first))
+    assert (result.row_count, result.files, result.version) == (5, 3, 1)
+    assert not fs.get_file_info("warehouse/wh/t/write-1/_SUCCESS").is_file
+
+    table = deltalake.DeltaTable("s3a://warehouse/wh/t", storage_options=s3_options)
+    assert sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["offset"]) == [
+        {"snapshot_id": "s1", **row} for row in first
+    ]
+    assert sorted(table.get_add_actions(flatten=True).column("min.offset").to_pylist()) == [0, 2, 4]
+
+    # A re-write of the snapshot replaces it (one copy), and a discarded write leaves nothing behind.
+    second = [{"offset": i, "key": f"new{i}"} for i in range(2)]
+    assert store.commit(None, _staged_on_s3(fs, "write-2", second)).row_count == 2
+    table = deltalake.DeltaTable("s3a://warehouse/wh/t", storage_options=s3_options)
+    assert sorted(r["key"] for r in table.to_pyarrow_table().to_pylist()) == ["new0", "new1"]
+    assert store.snapshot_ids("t") == ["s1"]
+    store.discard(_staged_on_s3(fs, "write-3", first))
+    assert fs.get_file_info("warehouse/wh/t/write-3").type == pafs.FileType.NotFound
