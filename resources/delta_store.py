@@ -23,8 +23,8 @@ The warehouse is a path or a URI (``file://``, ``s3://``/``s3a://``, ...). The e
 commit lists the staged files, reads their footers and removes Spark's markers through
 ``resources/filesystem.py`` (pyarrow's filesystems), and delta-rs is given the storage
 options of ``REPLICA_LENS_STORAGE_OPTIONS``: nothing assumes a local disk there. (Spark
-reads and writes the same URIs through its Hadoop connectors; housekeeping still needs a
-local warehouse.)
+reads and writes the same URIs through its Hadoop connectors.) Housekeeping lists and
+measures files through the same layer.
 
 Housekeeping (``DeltaStore.vacuum``) keeps the warehouse from growing without bound. A
 VACUUM of each table removes every file that no Delta version still needs and that is
@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import dagster as dg
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pydantic import Field
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -94,10 +95,6 @@ def check_table_name(name: str) -> str:
     if not _TABLE_NAME.fullmatch(name):
         raise UnsafeNameError(f"refusing table name {name!r}")
     return name
-
-
-def _local_path(uri: str) -> str:
-    return uri[len("file://"):] if uri.startswith("file://") else uri
 
 
 @dataclass(frozen=True)
@@ -227,11 +224,14 @@ class DeltaStore(dg.ConfigurableResource):
     # ----------------------------------------------------------------- paths
     def table_uri(self, table: str) -> str:
         check_table_name(table)
+        return f"{self._root_uri()}/{table}"
+
+    def _root_uri(self) -> str:
         root = self.warehouse_root
         if "://" not in root:
             root = str(Path(root).expanduser().resolve())
         # One name for Spark and delta-rs (both read s3a://).
-        return f"{spark_uri(root).rstrip('/')}/{table}"
+        return spark_uri(root).rstrip("/")
 
     def _engine(self, spark: SparkSession) -> str:
         if self.engine == "embedded":
@@ -525,23 +525,14 @@ class DeltaStore(dg.ConfigurableResource):
         """The Delta tables of the warehouse: its folders with a safe table name and a Delta log."""
         from deltalake import DeltaTable
 
-        root = self._local_root()
-        if not os.path.isdir(root):
-            return []
+        options = delta_storage_options()
         return sorted(
-            name
-            for name in os.listdir(root)
-            if _TABLE_NAME.fullmatch(name) and DeltaTable.is_deltatable(os.path.join(root, name))
+            entry.name
+            for entry in Location.of(self._root_uri()).list()
+            if entry.is_dir
+            and _TABLE_NAME.fullmatch(entry.name)
+            and DeltaTable.is_deltatable(self.table_uri(entry.name), storage_options=options)
         )
-
-    def _local_root(self) -> str:
-        root = _local_path(self.warehouse_root)
-        if "://" in root:
-            raise InvalidSetting(
-                f"housekeeping lists and measures files on a local warehouse only, not {self.warehouse_root!r}: "
-                "vacuum a remote warehouse with its engine's own VACUUM"
-            )
-        return str(Path(root).expanduser().resolve())
 
     def vacuum(
         self,
@@ -572,8 +563,8 @@ class DeltaStore(dg.ConfigurableResource):
         from deltalake import DeltaTable, WriterProperties
         from deltalake.exceptions import CommitFailedError
 
-        uri = os.path.join(self._local_root(), table)
-        dt = DeltaTable(uri)
+        uri = self.table_uri(table)
+        dt = DeltaTable(uri, storage_options=delta_storage_options())
         compacted: list[Optional[str]] = []
         files_compacted = files_written = 0
         notes: list[str] = []
@@ -609,7 +600,8 @@ class DeltaStore(dg.ConfigurableResource):
         dt.update_incremental()
         # The files to remove, measured before they go (delta-rs reports paths only).
         candidates = dt.vacuum(retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False, full=True)
-        sizes = {path: _size(os.path.join(uri, path)) for path in candidates}
+        location = Location.of(uri)
+        sizes = {location.relative(info.path): info.size for info in location.walk_files()} if candidates else {}
         folders = 0
         if dry_run:
             removed = candidates
@@ -619,7 +611,9 @@ class DeltaStore(dg.ConfigurableResource):
             removed = candidates and dt.vacuum(
                 retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
             )
-            folders = _remove_empty_folders(uri, removed, cutoff)
+            # Object stores have no folders; a local warehouse keeps the empty ones a vacuum leaves.
+            if isinstance(location.fs, pafs.LocalFileSystem):
+                folders = _remove_empty_folders(location.path, removed, cutoff)
         return VacuumResult(
             table=table,
             dry_run=dry_run,
@@ -631,10 +625,3 @@ class DeltaStore(dg.ConfigurableResource):
             files_written=files_written,
             note="; ".join(notes),
         )
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
