@@ -46,12 +46,15 @@ def raw_topic_snapshots(
     tables.stage(judgement.accepted, "raw_topic_snapshots")
     # Known empty from the accepted pass when no row was bad: then it costs no second pass
     # (and no Spark job at all).
-    if judgement.quarantine_is_empty():
+    quarantine_empty = judgement.quarantine_is_empty()
+    if quarantine_empty:
         tables.stage_empty("raw_topic_quarantine")
     else:
         tables.stage(judgement.quarantined, "raw_topic_quarantine")
     # Counted on the staged tables (two narrow columns each): no extra pass over the landing files.
-    counts = accounting_from_tables(tables.frame("raw_topic_snapshots"), tables.frame("raw_topic_quarantine"))
+    counts = accounting_from_tables(
+        tables.frame("raw_topic_snapshots"), None if quarantine_empty else tables.frame("raw_topic_quarantine")
+    )
     context.log.info(
         "snapshot %s: %s rows read = %s accepted + %s quarantined",
         snapshot_id,

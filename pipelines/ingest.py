@@ -611,18 +611,24 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     )
 
 
-def accounting_from_tables(accepted_df: DataFrame, quarantined_df: DataFrame) -> dict:
+def accounting_from_tables(accepted_df: DataFrame, quarantined_df: DataFrame | None) -> dict:
     """Row accounting of one snapshot from its accepted and quarantined tables: one aggregation each.
 
     rows_read = rows_accepted (sum of copies) + rows_quarantined; rows_stored counts the
     accepted table's rows (exact duplicates stored once). Per replica the same split; a
-    quarantined row counts under the replica it names, or "<unknown>".
+    quarantined row counts under the replica it names, or "<unknown>". ``quarantined_df``
+    None: the quarantine is known to be empty (no Spark job for it; in a fresh JVM even an
+    aggregation of no rows costs about a second).
     """
     accepted = accepted_df.groupBy("replica").agg(
         F.sum("copies").alias("accepted"), F.count(F.lit(1)).alias("stored")
     ).collect()
     quarantined = (
-        quarantined_df.groupBy(F.coalesce(F.col("replica"), F.lit(UNKNOWN_REPLICA)).alias("replica"), "reason")
+        []
+        if quarantined_df is None
+        else quarantined_df.groupBy(
+            F.coalesce(F.col("replica"), F.lit(UNKNOWN_REPLICA)).alias("replica"), "reason"
+        )
         .agg(F.count(F.lit(1)).alias("rows"))
         .collect()
     )

@@ -494,3 +494,5 @@ def test_shared_example_ingests_without_quarantine(spark):
     assert_accounted(result, expected)
     assert {a["replica"] for a in result["accepted"]} == {"dc-a", "dc-b"}
     assert validation_errors(RawTopicSnapshots, result["accepted_df"]) == []
+    # A quarantine known to be empty (no Spark job for it) counts as an empty quarantine table.
+    assert accounting_from_tables(result["accepted_df"], None) == result["counts"]
