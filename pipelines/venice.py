@@ -91,10 +91,27 @@ class KafkaRecord(NamedTuple):
     timestamp_ms: int
 
 
+_SCHEMA_JSON: dict[int, dict] = {}
+
+
+def schema_json() -> dict[int, dict]:
+    """The supported envelope schemas as JSON, read once from schemas/venice/."""
+    if not _SCHEMA_JSON:
+        for v in SUPPORTED_VERSIONS:
+            with open(_SCHEMA_DIR / f"KafkaMessageEnvelope.v{v}.avsc") as f:
+                _SCHEMA_JSON[v] = json.load(f)
+    return _SCHEMA_JSON
+
+
+def install_schemas(schemas: dict[int, dict]) -> None:
+    """Give the schemas to a process that has no schemas/venice/ (a Spark executor that got this
+    module by value)."""
+    _SCHEMA_JSON.update(schemas)
+
+
 @lru_cache(maxsize=None)
 def envelope_schema(version: int):
-    with open(_SCHEMA_DIR / f"KafkaMessageEnvelope.v{version}.avsc") as f:
-        return fastavro.parse_schema(json.load(f))
+    return fastavro.parse_schema(schema_json()[version])
 
 
 def _b64(b: bytes) -> str:
@@ -222,10 +239,8 @@ def _type_name(t):
     return t if isinstance(t, str) else t.get("type")
 
 
-@lru_cache(maxsize=None)
 def _raw_schema(version: int) -> dict:
-    with open(_SCHEMA_DIR / f"KafkaMessageEnvelope.v{version}.avsc") as f:
-        return json.load(f)
+    return schema_json()[version]
 
 
 def _find(t, name):

@@ -156,3 +156,41 @@ def test_round_trip(vr):
     rec = encode_record(row, region_clusters=REGIONS, clock_uncertainty_ms=U, version=v)
     got = dec(rec.key, rec.value, ts=rec.timestamp_ms)
     assert got == {"outcome": "row", "reason": None, "row": row}
+
+
+def test_decode_venice_frame_accounts_for_every_row(spark):
+    import datetime as dt
+
+    from pipelines.venice_frame import decode_venice_frame
+
+    recs = []
+    rows_in = [
+        {"replica": "dc-a", "topic": "s_v3", "partition": 0, "offset": 0, "kind": "START_OF_PUSH"},
+        {"replica": "dc-a", "topic": "s_v3", "partition": 0, "offset": 1, "kind": "PUT", "key": "aw==", "value": "1:eA==",
+         "source_region": "dc-b", "source_offset": 4, "leader_epoch": 2, "write_ts": None},
+        {"replica": "dc-a", "topic": "s_v3", "partition": 0, "offset": 2, "kind": "HEARTBEAT", "source_region": "dc-c",
+         "source_offset": 9, "leader_epoch": None, "origin_ts_min_ms": 1000 - U, "origin_ts_max_ms": 1000 + U,
+         "applied_ts_min_ms": 2000 - U, "applied_ts_max_ms": 2000 + U},
+    ]
+    for row in rows_in:
+        rec = encode_record(row, region_clusters=REGIONS, clock_uncertainty_ms=U)
+        recs.append((rec.key, rec.value, row["offset"], rec.timestamp_ms))
+    good = recs[1][1]
+    recs.append((b"\x00k", bytes([23, 13]) + good[2:], 3, 0))  # unknown version
+    recs.append((b"\x00k", b"\x17", 4, 0))  # malformed
+    recs.append((b"\x02" + b"\x07" * 16 + bytes(8),
+                 wire(14, {"messageType": 2, "producerMetadata": pm(),
+                           "payloadUnion": (NS + "ControlMessage", {"controlMessageType": 1, "debugInfo": {},
+                                                                     "controlMessageUnion": (NS + "EndOfPush", {})}),
+                           "leaderMetadataFooter": None}), 5, 0))
+    df = spark.createDataFrame(
+        [(k, v, "s_v3", 0, o, dt.datetime.fromtimestamp(t / 1000, dt.timezone.utc), "dc-a") for k, v, o, t in recs],
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, region string",
+    )
+    out = decode_venice_frame(df, CLUSTERS, U).orderBy("offset").collect()
+    assert len(out) == len(recs)
+    assert [r["outcome"] for r in out] == ["row", "row", "row", "quarantined", "quarantined", "skipped"]
+    assert [r["reason"] for r in out][3:] == ["UNKNOWN_PROTOCOL_VERSION", "MALFORMED_RECORD", "CONTROL_MESSAGE"]
+    for got, want in zip(out[:3], rows_in):
+        d = {k: v for k, v in got.asDict().items() if v is not None and k not in ("outcome", "reason")}
+        assert d == {k: v for k, v in want.items() if v is not None}
