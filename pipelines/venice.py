@@ -51,11 +51,16 @@ Mapping to SPEC 1 (``decode_record``):
   record, so a compressed store cannot be seen from one record: ``compressed=True`` quarantines
   every PUT with COMPRESSED_VALUE. Unparseable bytes -> MALFORMED_RECORD.
 
+``encode_record`` returns ``KafkaRecord(key, value, timestamp_ms)``: the Kafka timestamp is
+needed to carry a heartbeat's applied time. It cannot encode EXPORTER_POSITION (no Venice
+record) nor a heartbeat's hb_vector (a Venice heartbeat carries one component).
+
 Outcome: ``{"outcome": "row"|"skipped"|"quarantined", "reason": str|None, "row": dict|None}``.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import uuid
@@ -75,7 +80,8 @@ KEY_HEADER_GLOBAL_RT_DIV = 8
 MT_PUT, MT_DELETE, MT_CONTROL, MT_UPDATE = 0, 1, 2, 3
 CM_START_OF_PUSH, CM_START_OF_SEGMENT = 0, 2
 
-HEARTBEAT_GUID = uuid.UUID(bytes=__import__("hashlib").md5(b"heartbeatControlMessage").digest(), version=3).bytes
+# Java UUID.nameUUIDFromBytes: MD5 of the name with the version-3 and IETF variant bits set.
+HEARTBEAT_GUID = uuid.UUID(bytes=hashlib.md5(b"heartbeatControlMessage").digest(), version=3).bytes
 HEARTBEAT_KEY_BYTES = HEARTBEAT_GUID + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
 
 _SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas" / "venice"
