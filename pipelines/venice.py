@@ -1,0 +1,325 @@
+"""Venice version-topic records on the wire -> SPEC 1 rows (issue 18, foundation).
+
+Pure functions; nothing here is wired into ingestion yet (pipelines/ingest.py does not read
+Kafka-source Parquet files).
+
+Wire format (verified in linkedin/venice at 77ea837f, files under internal/venice-common/src/main/):
+
+- Key (``serialization/KafkaKeySerializer.java``, ``message/KafkaKey.java``): one key header
+  byte, then the key bytes. Header bytes (``kafka/protocol/enums/MessageType.java``,
+  ``MessageType.Constants``): 0 = PUT *and* DELETE (the header does not tell them apart;
+  the envelope's messageType does), 2 = CONTROL_MESSAGE, 4 = UPDATE, 8 = GLOBAL_RT_DIV.
+  Difference from the issue's wording: the header is not "the message type" (PUT and DELETE
+  share 0; UPDATE is 4 while its messageType is 3).
+- Heartbeat key (``KafkaKey.HEART_BEAT``): header 2, then 24 bytes = the 16-byte GUID of
+  ``guid/HeartbeatGuidV3Generator.java`` (``UUID.nameUUIDFromBytes("heartbeatControlMessage")``,
+  most then least significant bits, big endian) + int32 segment 0 + int32 sequence 0.
+  ``KafkaKey.DOL_STAMP`` (Declaration of Leadership) is another fixed control key: skipped.
+- Value (``serialization/avro/InternalAvroSpecificSerializer.java``,
+  ``AvroProtocolDefinition.KAFKA_MESSAGE_ENVELOPE(23, 14, ...)``): magic byte 23, one
+  protocol-version byte, then the Avro binary KafkaMessageEnvelope written with that
+  version's schema.
+- Supported protocol versions: 10 and 14 (schemas/venice/*.avsc, copied verbatim, see
+  schemas/venice/README.md). v10's LeaderMetadata has hostName, upstreamOffset,
+  upstreamKafkaClusterId; v14 adds upstreamPubSubPosition, termId, upstreamMessageTimestamp.
+  Any other version byte -> quarantined UNKNOWN_PROTOCOL_VERSION.
+- messageType (envelope): 0 PUT, 1 DELETE, 2 CONTROL_MESSAGE, 3 UPDATE (MessageType.java);
+  controlMessageType: 0 START_OF_PUSH, 2 START_OF_SEGMENT, others (END_OF_PUSH, segments,
+  TOPIC_SWITCH, VERSION_SWAP...) -> skipped (ControlMessageType.java).
+- A heartbeat is a START_OF_SEGMENT control message under the heartbeat key (matches the
+  issue). A START_OF_SEGMENT under any other key is an ordinary DIV segment start: skipped.
+
+Mapping to SPEC 1 (``decode_record``):
+
+- replica/topic/partition/offset: from the Kafka record (replica = the region whose version
+  topic was read, the Parquet ``region`` column).
+- key: base64 (standard, padded) of the key bytes after the header byte (Venice keys are
+  serialized Avro, so not text). value of a PUT: ``f"{schemaId}:{base64(putValue)}"``.
+- source_region: ``cluster_regions[leaderMetadataFooter.upstreamKafkaClusterId]``; an id
+  missing from the map raises ``UnknownClusterId`` naming the ids the map knows and the id seen.
+  source_offset: ``leaderMetadataFooter.upstreamOffset``. A PUT/DELETE/heartbeat with no
+  footer or upstreamOffset -1 -> quarantined NO_UPSTREAM_POSITION.
+- write_ts: ``producerMetadata.logicalTimestamp`` when not -1, else null.
+  leader_epoch: v14 ``termId`` when not -1, else null (v10 has none).
+- HEARTBEAT: origin_ts = messageTimestamp +- clock_uncertainty_ms; applied_ts = Kafka record
+  timestamp +- clock_uncertainty_ms; hb_vector null (one component, which is
+  ``{source_region: source_offset}`` already; the contract treats it so).
+- START_OF_PUSH: only replica/topic/partition/offset/kind.
+- UPDATE (partial update) -> quarantined UPDATE_NOT_APPLIED. A PUT whose schemaId is negative
+  (-10 CHUNK, -20 CHUNKED_VALUE_MANIFEST, AvroProtocolDefinition.java) -> quarantined
+  CHUNKED_VALUE. Compression is declared per version (StartOfPush.compressionStrategy), not per
+  record, so a compressed store cannot be seen from one record: ``compressed=True`` quarantines
+  every PUT with COMPRESSED_VALUE. Unparseable bytes -> MALFORMED_RECORD.
+
+``encode_record`` returns ``KafkaRecord(key, value, timestamp_ms)``: the Kafka timestamp is
+needed to carry a heartbeat's applied time. It cannot encode EXPORTER_POSITION (no Venice
+record) nor a heartbeat's hb_vector (a Venice heartbeat carries one component).
+
+Outcome: ``{"outcome": "row"|"skipped"|"quarantined", "reason": str|None, "row": dict|None}``.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import uuid
+from functools import lru_cache
+from pathlib import Path
+from typing import NamedTuple
+
+import fastavro
+
+MAGIC_BYTE = 23
+CURRENT_PROTOCOL_VERSION = 14
+SUPPORTED_VERSIONS = (10, 14)
+KEY_HEADER_PUT = 0  # PUT and DELETE
+KEY_HEADER_CONTROL = 2
+KEY_HEADER_UPDATE = 4
+KEY_HEADER_GLOBAL_RT_DIV = 8
+MT_PUT, MT_DELETE, MT_CONTROL, MT_UPDATE = 0, 1, 2, 3
+CM_START_OF_PUSH, CM_START_OF_SEGMENT = 0, 2
+
+# Java UUID.nameUUIDFromBytes: MD5 of the name with the version-3 and IETF variant bits set.
+HEARTBEAT_GUID = uuid.UUID(bytes=hashlib.md5(b"heartbeatControlMessage").digest(), version=3).bytes
+HEARTBEAT_KEY_BYTES = HEARTBEAT_GUID + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
+
+_SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas" / "venice"
+
+
+class UnknownClusterId(KeyError):
+    """An upstreamKafkaClusterId that the cluster -> region map does not name."""
+
+
+class KafkaRecord(NamedTuple):
+    key: bytes
+    value: bytes
+    timestamp_ms: int
+
+
+_SCHEMA_JSON: dict[int, dict] = {}
+
+
+def schema_json() -> dict[int, dict]:
+    """The supported envelope schemas as JSON, read once from schemas/venice/."""
+    if not _SCHEMA_JSON:
+        for v in SUPPORTED_VERSIONS:
+            with open(_SCHEMA_DIR / f"KafkaMessageEnvelope.v{v}.avsc") as f:
+                _SCHEMA_JSON[v] = json.load(f)
+    return _SCHEMA_JSON
+
+
+def install_schemas(schemas: dict[int, dict]) -> None:
+    """Give the schemas to a process that has no schemas/venice/ (a Spark executor that got this
+    module by value)."""
+    _SCHEMA_JSON.update(schemas)
+
+
+@lru_cache(maxsize=None)
+def envelope_schema(version: int):
+    return fastavro.parse_schema(schema_json()[version])
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode("ascii")
+
+
+def _short(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _out(outcome: str, reason: str | None = None, row: dict | None = None) -> dict:
+    return {"outcome": outcome, "reason": reason, "row": row}
+
+
+def decode_record(
+    key: bytes,
+    value: bytes,
+    *,
+    replica: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    cluster_regions: dict[int, str],
+    clock_uncertainty_ms: int = 0,
+    compressed: bool = False,
+) -> dict:
+    key, value = bytes(key or b""), bytes(value or b"")
+    if len(key) < 1 or len(value) < 2:
+        return _out("quarantined", "MALFORMED_RECORD")
+    if value[0] != MAGIC_BYTE:
+        return _out("quarantined", "MALFORMED_RECORD")
+    version = value[1]
+    if version not in SUPPORTED_VERSIONS:
+        return _out("quarantined", "UNKNOWN_PROTOCOL_VERSION")
+    buf = io.BytesIO(value[2:])
+    try:
+        env = fastavro.schemaless_reader(buf, envelope_schema(version), None, return_record_name=True)
+    except Exception:
+        return _out("quarantined", "MALFORMED_RECORD")
+    if buf.tell() != len(value) - 2:
+        return _out("quarantined", "MALFORMED_RECORD")
+    header, key_bytes = key[0], key[1:]
+    mt = env["messageType"]
+    pname, payload = env["payloadUnion"]
+    pname = _short(pname)
+    pm = env["producerMetadata"]
+    base = {"replica": replica, "topic": topic, "partition": int(partition), "offset": int(offset)}
+    expected = {MT_PUT: ("Put", KEY_HEADER_PUT), MT_DELETE: ("Delete", KEY_HEADER_PUT),
+                MT_CONTROL: ("ControlMessage", KEY_HEADER_CONTROL), MT_UPDATE: ("Update", KEY_HEADER_UPDATE)}
+    if mt not in expected or expected[mt] != (pname, header):
+        return _out("quarantined", "MALFORMED_RECORD")
+    if mt == MT_UPDATE:
+        return _out("quarantined", "UPDATE_NOT_APPLIED")
+    if mt == MT_CONTROL:
+        cmt = payload["controlMessageType"]
+        if cmt == CM_START_OF_PUSH:
+            return _out("row", None, {**base, "kind": "START_OF_PUSH"})
+        if not (cmt == CM_START_OF_SEGMENT and key_bytes == HEARTBEAT_KEY_BYTES):
+            return _out("skipped", "CONTROL_MESSAGE")
+    if mt == MT_PUT and payload["schemaId"] < 0:
+        return _out("quarantined", "CHUNKED_VALUE")
+    if mt == MT_PUT and compressed:
+        return _out("quarantined", "COMPRESSED_VALUE")
+    footer = env.get("leaderMetadataFooter")
+    if isinstance(footer, tuple):
+        footer = footer[1]
+    if footer is None or footer["upstreamOffset"] < 0:
+        return _out("quarantined", "NO_UPSTREAM_POSITION")
+    cid = footer["upstreamKafkaClusterId"]
+    if cid not in cluster_regions:
+        raise UnknownClusterId(
+            f"upstreamKafkaClusterId {cid} is not in the cluster -> region map (known ids: {sorted(cluster_regions)})"
+        )
+    term = footer.get("termId", -1)
+    row = {
+        **base,
+        "source_region": cluster_regions[cid],
+        "source_offset": footer["upstreamOffset"],
+        "leader_epoch": term if term is not None and term != -1 else None,
+    }
+    u = int(clock_uncertainty_ms)
+    if mt == MT_CONTROL:
+        ts = pm["messageTimestamp"]
+        row.update(kind="HEARTBEAT", origin_ts_min_ms=ts - u, origin_ts_max_ms=ts + u,
+                   applied_ts_min_ms=int(timestamp_ms) - u, applied_ts_max_ms=int(timestamp_ms) + u)
+        return _out("row", None, row)
+    lt = pm["logicalTimestamp"]
+    row.update(kind="PUT" if mt == MT_PUT else "DELETE", key=_b64(key_bytes),
+               write_ts=lt if lt != -1 else None)
+    if mt == MT_PUT:
+        row["value"] = f"{payload['schemaId']}:{_b64(payload['putValue'])}"
+    return _out("row", None, row)
+
+
+def _zero(t, named: dict):
+    """A valid default datum for Avro type t (field defaults where the schema gives them)."""
+    if isinstance(t, list):
+        return None if "null" in t else _zero(t[0], named)
+    if isinstance(t, str):
+        if t in named:
+            return _zero(named[t], named)
+        return {"null": None, "boolean": False, "int": 0, "long": 0, "float": 0.0, "double": 0.0,
+                "bytes": b"", "string": ""}[t]
+    kind = t["type"]
+    if kind == "record":
+        named[t["name"]] = t
+        return {f["name"]: (f["default"] if "default" in f and not isinstance(f["default"], (dict, list))
+                            and _type_name(f["type"]) in ("int", "long", "string", "boolean", "null")
+                            else _zero(f["type"], named)) for f in t["fields"]}
+    if kind == "fixed":
+        return bytes(t["size"])
+    if kind == "enum":
+        return t["symbols"][0]
+    if kind == "array":
+        return []
+    if kind == "map":
+        return {}
+    return _zero(kind, named)
+
+
+def _type_name(t):
+    if isinstance(t, list):
+        return _type_name(t[0])
+    return t if isinstance(t, str) else t.get("type")
+
+
+def _raw_schema(version: int) -> dict:
+    return schema_json()[version]
+
+
+def _find(t, name):
+    if isinstance(t, dict):
+        if t.get("name") == name and t.get("type") == "record":
+            return t
+        for v in t.values():
+            r = _find(v, name)
+            if r is not None:
+                return r
+    elif isinstance(t, list):
+        for v in t:
+            r = _find(v, name)
+            if r is not None:
+                return r
+    return None
+
+
+def _default(version: int, name: str) -> dict:
+    return _zero(_find(_raw_schema(version), name), {})
+
+
+def encode_record(
+    row: dict,
+    *,
+    region_clusters: dict[str, int],
+    clock_uncertainty_ms: int = 0,
+    version: int = CURRENT_PROTOCOL_VERSION,
+    producer_guid: bytes = b"\x01" * 16,
+) -> KafkaRecord:
+    """A SPEC 1 row -> (key, value, Kafka timestamp), the inverse of ``decode_record``.
+
+    For tests and the simulator. A heartbeat's messageTimestamp and Kafka timestamp are the
+    midpoints of its origin and applied intervals (their half-widths must equal
+    clock_uncertainty_ms for the round trip to hold)."""
+    kind = row["kind"]
+    pm = _default(version, "ProducerMetadata")
+    pm.update(producerGUID=producer_guid, logicalTimestamp=-1 if row.get("write_ts") is None else row["write_ts"])
+    footer = None
+    ts = 0
+    if kind == "START_OF_PUSH":
+        key = bytes([KEY_HEADER_CONTROL]) + producer_guid + bytes(8)
+        cm = _default(version, "ControlMessage")
+        cm.update(controlMessageType=CM_START_OF_PUSH, controlMessageUnion=("com.linkedin.venice.kafka.protocol.StartOfPush", _default(version, "StartOfPush")))
+        mt, payload = MT_CONTROL, ("com.linkedin.venice.kafka.protocol.ControlMessage", cm)
+    else:
+        footer = _default(version, "LeaderMetadata")
+        footer.update(hostName="replica-lens", upstreamOffset=row["source_offset"],
+                      upstreamKafkaClusterId=region_clusters[row["source_region"]])
+        if version >= 11 and "termId" in footer:
+            footer["termId"] = -1 if row.get("leader_epoch") is None else row["leader_epoch"]
+        if kind == "HEARTBEAT":
+            key = bytes([KEY_HEADER_CONTROL]) + HEARTBEAT_KEY_BYTES
+            pm["messageTimestamp"] = (row["origin_ts_min_ms"] + row["origin_ts_max_ms"]) // 2
+            ts = (row["applied_ts_min_ms"] + row["applied_ts_max_ms"]) // 2
+            cm = _default(version, "ControlMessage")
+            cm.update(controlMessageType=CM_START_OF_SEGMENT, controlMessageUnion=("com.linkedin.venice.kafka.protocol.StartOfSegment", _default(version, "StartOfSegment")))
+            mt, payload = MT_CONTROL, ("com.linkedin.venice.kafka.protocol.ControlMessage", cm)
+        elif kind == "PUT":
+            key = bytes([KEY_HEADER_PUT]) + base64.b64decode(row["key"])
+            sid, b64 = row["value"].split(":", 1)
+            put = _default(version, "Put")
+            put.update(schemaId=int(sid), putValue=base64.b64decode(b64))
+            mt, payload = MT_PUT, ("com.linkedin.venice.kafka.protocol.Put", put)
+        elif kind == "DELETE":
+            key = bytes([KEY_HEADER_PUT]) + base64.b64decode(row["key"])
+            mt, payload = MT_DELETE, ("com.linkedin.venice.kafka.protocol.Delete", _default(version, "Delete"))
+        else:
+            raise ValueError(f"cannot encode kind {kind!r}")
+    env = _default(version, "KafkaMessageEnvelope")
+    env.update(messageType=mt, producerMetadata=pm, payloadUnion=payload,
+               leaderMetadataFooter=None if footer is None else ("com.linkedin.venice.kafka.protocol.LeaderMetadata", footer))
+    out = io.BytesIO()
+    out.write(bytes([MAGIC_BYTE, version]))
+    fastavro.schemaless_writer(out, envelope_schema(version), env)
+    return KafkaRecord(key, out.getvalue(), ts)

@@ -1,0 +1,196 @@
+"""pipelines/venice.py: round trips (hypothesis) and byte fixtures written without the encoder."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import fastavro
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pipelines.venice import UnknownClusterId, decode_record, encode_record
+
+SCHEMAS = Path(__file__).resolve().parent.parent / "schemas" / "venice"
+NS = "com.linkedin.venice.kafka.protocol."
+CLUSTERS = {0: "dc-a", 3: "dc-b", 7: "dc-c"}
+REGIONS = {v: k for k, v in CLUSTERS.items()}
+U = 25
+# KafkaKey.HEART_BEAT: header 2, UUID.nameUUIDFromBytes("heartbeatControlMessage") = 81545f3c-bd09-3909-a467-a583ef39e468, 0, 0.
+HB_KEY = bytes.fromhex("02" "81545f3cbd093909a467a583ef39e468" "00000000" "00000000")
+
+
+def schema(v):
+    return fastavro.parse_schema(json.loads((SCHEMAS / f"KafkaMessageEnvelope.v{v}.avsc").read_text()))
+
+
+def wire(v, env):
+    out = io.BytesIO()
+    out.write(bytes([23, v]))
+    fastavro.schemaless_writer(out, schema(v), env)
+    return out.getvalue()
+
+
+def pm(ts=1000, logical=-1):
+    return {"producerGUID": b"\x07" * 16, "segmentNumber": 0, "messageSequenceNumber": 1,
+            "messageTimestamp": ts, "logicalTimestamp": logical}
+
+
+def footer(v, offset, cid, term=-1):
+    f = {"hostName": "h1", "upstreamOffset": offset, "upstreamKafkaClusterId": cid}
+    if v == 14:
+        f.update(upstreamPubSubPosition=b"", termId=term, upstreamMessageTimestamp=-1)
+    return (NS + "LeaderMetadata", f)
+
+
+def dec(key, value, ts=5000, **kw):
+    return decode_record(key, value, replica="dc-a", topic="s_v3", partition=2, offset=11, timestamp_ms=ts,
+                         cluster_regions=CLUSTERS, clock_uncertainty_ms=U, **kw)
+
+
+BASE = {"replica": "dc-a", "topic": "s_v3", "partition": 2, "offset": 11}
+
+
+@pytest.mark.parametrize("v", [10, 14])
+def test_put_fixture(v):
+    env = {"messageType": 0, "producerMetadata": pm(logical=77), "targetVersion": -1,
+           "payloadUnion": (NS + "Put", {"putValue": b"\x02hi", "schemaId": 5, "replicationMetadataVersionId": -1,
+                                          "replicationMetadataPayload": b""}),
+           "leaderMetadataFooter": footer(v, 42, 3, term=9)}
+    got = dec(b"\x00\x06abc", wire(v, env))
+    assert got["outcome"] == "row"
+    assert got["row"] == {**BASE, "kind": "PUT", "key": base64.b64encode(b"\x06abc").decode(),
+                          "value": "5:" + base64.b64encode(b"\x02hi").decode(), "source_region": "dc-b",
+                          "source_offset": 42, "write_ts": 77, "leader_epoch": 9 if v == 14 else None}
+
+
+def test_delete_fixture():
+    env = {"messageType": 1, "producerMetadata": pm(), "payloadUnion": (NS + "Delete", {"schemaId": -1, "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""}),
+           "leaderMetadataFooter": footer(14, 8, 7)}
+    got = dec(b"\x00k", wire(14, env))
+    assert got["row"] == {**BASE, "kind": "DELETE", "key": "aw==", "source_region": "dc-c", "source_offset": 8,
+                          "write_ts": None, "leader_epoch": None}
+
+
+def control(v, cm_type, branch, body, key, ft=None, ts=1000):
+    env = {"messageType": 2, "producerMetadata": pm(ts=ts),
+           "payloadUnion": (NS + "ControlMessage", {"controlMessageType": cm_type, "debugInfo": {},
+                                                     "controlMessageUnion": (NS + branch, body)}),
+           "leaderMetadataFooter": ft}
+    return dec(key, wire(v, env))
+
+
+SOS = {"checksumType": 0, "upcomingAggregates": []}
+
+
+@pytest.mark.parametrize("v", [10, 14])
+def test_heartbeat_fixture(v):
+    got = control(v, 2, "StartOfSegment", SOS, HB_KEY, footer(v, 500, 0), ts=4000)
+    assert got["row"] == {**BASE, "kind": "HEARTBEAT", "source_region": "dc-a", "source_offset": 500,
+                          "leader_epoch": None, "origin_ts_min_ms": 3975, "origin_ts_max_ms": 4025,
+                          "applied_ts_min_ms": 4975, "applied_ts_max_ms": 5025}
+
+
+def test_start_of_push_and_skips():
+    sop = {"sorted": True, "chunked": False, "compressionStrategy": 0, "compressionDictionary": None,
+           "timestampPolicy": 0, "isWriteComputeEnabled": False}
+    got = control(14, 0, "StartOfPush", sop, b"\x02" + b"\x07" * 16 + bytes(8))
+    assert got == {"outcome": "row", "reason": None, "row": {**BASE, "kind": "START_OF_PUSH"}}
+    # START_OF_SEGMENT under a producer's own key is a DIV segment start, not a heartbeat.
+    got = control(14, 2, "StartOfSegment", SOS, b"\x02" + b"\x07" * 16 + bytes(8), footer(14, 1, 0))
+    assert (got["outcome"], got["reason"]) == ("skipped", "CONTROL_MESSAGE")
+    got = control(14, 1, "EndOfPush", {}, b"\x02" + b"\x07" * 16 + bytes(8))
+    assert (got["outcome"], got["reason"]) == ("skipped", "CONTROL_MESSAGE")
+
+
+def test_quarantines_and_unknown_cluster():
+    upd = {"messageType": 3, "producerMetadata": pm(),
+           "payloadUnion": (NS + "Update", {"schemaId": 1, "updateSchemaId": 1, "updateValue": b""}),
+           "leaderMetadataFooter": footer(14, 1, 0)}
+    assert dec(b"\x04k", wire(14, upd))["reason"] == "UPDATE_NOT_APPLIED"
+    chunk = {"messageType": 0, "producerMetadata": pm(),
+             "payloadUnion": (NS + "Put", {"putValue": b"x", "schemaId": -10, "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""}),
+             "leaderMetadataFooter": footer(14, 1, 0)}
+    assert dec(b"\x00k", wire(14, chunk))["reason"] == "CHUNKED_VALUE"
+    chunk["payloadUnion"][1]["schemaId"] = 1
+    assert dec(b"\x00k", wire(14, chunk), compressed=True)["reason"] == "COMPRESSED_VALUE"
+    good = wire(14, chunk)
+    assert dec(b"\x00k", bytes([23, 13]) + good[2:])["reason"] == "UNKNOWN_PROTOCOL_VERSION"
+    assert dec(b"\x00k", bytes([22]) + good[1:])["reason"] == "MALFORMED_RECORD"
+    assert dec(b"\x00k", good[:-3])["reason"] == "MALFORMED_RECORD"
+    assert dec(b"\x00k", good + b"\x00")["reason"] == "MALFORMED_RECORD"
+    assert dec(b"", good)["reason"] == "MALFORMED_RECORD"
+    chunk["leaderMetadataFooter"] = footer(14, 1, 99)
+    with pytest.raises(UnknownClusterId, match=r"99.*\[0, 3, 7\]"):
+        dec(b"\x00k", wire(14, chunk))
+
+
+b64 = st.binary(max_size=12).map(lambda b: base64.b64encode(b).decode())
+nn = st.integers(0, 2**62)
+opt = st.none() | st.integers(0, 2**62)
+
+
+@st.composite
+def rows(draw):
+    kind = draw(st.sampled_from(["START_OF_PUSH", "PUT", "DELETE", "HEARTBEAT"]))
+    v = draw(st.sampled_from([10, 14]))
+    row = {"replica": "dc-a", "topic": "s_v3", "partition": 2, "offset": 11, "kind": kind}
+    if kind != "START_OF_PUSH":
+        row.update(source_region=draw(st.sampled_from(sorted(REGIONS))), source_offset=draw(nn),
+                   leader_epoch=draw(opt) if v == 14 else None)
+    if kind in ("PUT", "DELETE"):
+        row.update(key=draw(b64), write_ts=draw(opt))
+    if kind == "PUT":
+        row["value"] = f"{draw(st.integers(1, 2**31 - 1))}:{draw(b64)}"
+    if kind == "HEARTBEAT":
+        o, a = draw(st.integers(U, 2**50)), draw(st.integers(U, 2**50))
+        row.update(origin_ts_min_ms=o - U, origin_ts_max_ms=o + U, applied_ts_min_ms=a - U, applied_ts_max_ms=a + U)
+    return v, row
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows())
+def test_round_trip(vr):
+    v, row = vr
+    rec = encode_record(row, region_clusters=REGIONS, clock_uncertainty_ms=U, version=v)
+    got = dec(rec.key, rec.value, ts=rec.timestamp_ms)
+    assert got == {"outcome": "row", "reason": None, "row": row}
+
+
+def test_decode_venice_frame_accounts_for_every_row(spark):
+    import datetime as dt
+
+    from pipelines.venice_frame import decode_venice_frame
+
+    recs = []
+    rows_in = [
+        {"replica": "dc-a", "topic": "s_v3", "partition": 0, "offset": 0, "kind": "START_OF_PUSH"},
+        {"replica": "dc-a", "topic": "s_v3", "partition": 0, "offset": 1, "kind": "PUT", "key": "aw==", "value": "1:eA==",
+         "source_region": "dc-b", "source_offset": 4, "leader_epoch": 2, "write_ts": None},
+        {"replica": "dc-a", "topic": "s_v3", "partition": 0, "offset": 2, "kind": "HEARTBEAT", "source_region": "dc-c",
+         "source_offset": 9, "leader_epoch": None, "origin_ts_min_ms": 1000 - U, "origin_ts_max_ms": 1000 + U,
+         "applied_ts_min_ms": 2000 - U, "applied_ts_max_ms": 2000 + U},
+    ]
+    for row in rows_in:
+        rec = encode_record(row, region_clusters=REGIONS, clock_uncertainty_ms=U)
+        recs.append((rec.key, rec.value, row["offset"], rec.timestamp_ms))
+    good = recs[1][1]
+    recs.append((b"\x00k", bytes([23, 13]) + good[2:], 3, 0))  # unknown version
+    recs.append((b"\x00k", b"\x17", 4, 0))  # malformed
+    recs.append((b"\x02" + b"\x07" * 16 + bytes(8),
+                 wire(14, {"messageType": 2, "producerMetadata": pm(),
+                           "payloadUnion": (NS + "ControlMessage", {"controlMessageType": 1, "debugInfo": {},
+                                                                     "controlMessageUnion": (NS + "EndOfPush", {})}),
+                           "leaderMetadataFooter": None}), 5, 0))
+    df = spark.createDataFrame(
+        [(k, v, "s_v3", 0, o, dt.datetime.fromtimestamp(t / 1000, dt.timezone.utc), "dc-a") for k, v, o, t in recs],
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp, region string",
+    )
+    out = decode_venice_frame(df, CLUSTERS, U).orderBy("offset").collect()
+    assert len(out) == len(recs)
+    assert [r["outcome"] for r in out] == ["row", "row", "row", "quarantined", "quarantined", "skipped"]
+    assert [r["reason"] for r in out][3:] == ["UNKNOWN_PROTOCOL_VERSION", "MALFORMED_RECORD", "CONTROL_MESSAGE"]
+    for got, want in zip(out[:3], rows_in):
+        d = {k: v for k, v in got.asDict().items() if v is not None and k not in ("outcome", "reason")}
+        assert d == {k: v for k, v in want.items() if v is not None}
