@@ -23,8 +23,8 @@ from pyspark.sql import functions as F
 from assets.partitions import snapshot_partitions
 from assets.previews import divergence_by_pair
 from assets.tables import StepTables, read_stage, schema_check_spec
-from pipelines.leapfrog import compare_replicas
 from pipelines.frames import computed_once
+from pipelines.leapfrog import compare_replicas
 from pipelines.state import CONTEXT, REPLICA_PARTITION, PriorState, StateRefused, carry_over, next_state, prior_state, \
     retained_states
 from resources.delta_store import DeltaStore

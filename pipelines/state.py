@@ -86,6 +86,34 @@ The audit refuses (``StateRefused``, which fails the run) rather than guess when
 
 A context row is the index of its state: deleting it (with or without its VERSION rows)
 leaves nothing to continue, and the next snapshot starts fresh, which is safe.
+
+What a step reads (bounded)
+---------------------------
+The predecessor rule needs only the CONTEXT rows of the other snapshots (a few per
+snapshot). The divergence asset reads those alone (a filter on ``row_kind`` pushed into
+the Parquet scan skips the VERSION rows) and hands them to ``prior_state`` as ``state``;
+``prior_state`` then reads, through ``read_states``, only the partitions of
+``replica_state`` of the chosen predecessors (usually one snapshot) for their VERSION
+rows and contexts. A step's work on the state therefore does not grow with the number of
+snapshots audited (before, every snapshot's VERSION rows were read, one union branch per
+snapshot, and joined with the choice). The contexts read with the VERSION rows must be
+the ones chosen (same replica partition and ``last_offset``): a predecessor re-written or
+dropped by a concurrent audit between the two reads is refused ("changed while ... was
+read"), never half used. Called with a whole ``replica_state`` and no ``read_states``,
+``prior_state`` filters it to the chosen snapshots itself: the same result.
+
+Retention. ``retained_states`` decides which states to keep under ``state_retention = N``:
+per replica partition, the N contexts ending furthest along the log (greatest
+``last_offset``; a context tied with the last kept one is kept too, so that a tie stays
+a refusal rather than becoming a choice); a snapshot's partition of ``replica_state`` is
+kept when any of its contexts is, and dropped otherwise. A later dump normally continues
+the newest state; one that would have continued a dropped state (a late dump of older
+offsets) finds no predecessor and starts fresh, or is refused if it overlaps a kept
+state it cannot continue: both safe (a fresh start can only miss proofs). N is at least
+2, so the state the newest snapshot continued is kept and re-auditing that snapshot (the
+hourly schedule does) starts from the same state. The asset drops the states after its
+own tables are committed (``DeltaStore.delete_snapshots``, one Delta commit); unset, every
+state is kept, as before.
 """
 from __future__ import annotations
 
