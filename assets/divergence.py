@@ -4,16 +4,29 @@ A snapshot whose dumps continue earlier ones is compared with the state carried 
 from them (``pipelines/state.py``); the state after it is written last, in one commit.
 A dump that overlaps the state it continues is verified against the predecessor's raw
 rows first; ``carried_from`` says, per replica partition, which overlap was verified.
+
+Reading the state stays bounded: only the CONTEXT rows of every snapshot's state are read
+to choose the predecessors (a Parquet filter skips the VERSION rows), then only the chosen
+predecessors' partitions of ``replica_state`` (``load_prior_state``). ``state_retention``
+(run config; ``replica-lens audit --state-retention``) then drops, in one Delta commit
+after the step's tables are published, the states no later snapshot is meant to continue.
 """
 
+from functools import reduce
+from typing import Optional
+
 import dagster as dg
+from pydantic import Field
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from assets.partitions import snapshot_partitions
 from assets.previews import divergence_by_pair
 from assets.tables import StepTables, read_stage, schema_check_spec
+from pipelines.frames import computed_once
 from pipelines.leapfrog import compare_replicas
-from pipelines.state import StateRefused, carry_over, next_state, prior_state
+from pipelines.state import CONTEXT, REPLICA_PARTITION, PriorState, StateRefused, carry_over, next_state, prior_state, \
+    retained_states
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
 
@@ -21,6 +34,74 @@ GROUP = "divergence"
 KINDS = {"spark", "delta"}
 PROVEN = ("DIVERGENT", "MISSING")
 EXAMPLE_KEYS = 10
+STATE = "replica_state"
+MIN_STATE_RETENTION = 2
+MAX_LISTED_DROPPED = 20
+
+
+class DivergenceConfig(dg.Config):
+    state_retention: Optional[int] = Field(
+        default=None,
+        description=(
+            "States of replica_state to keep per replica partition: the N ending furthest along the log; a "
+            "snapshot's state is dropped (one Delta delete) when none of its replica partitions' is kept. At least "
+            f"{MIN_STATE_RETENTION}: the newest state and the one it continued, so re-auditing the newest snapshot "
+            "starts from the same state. Unset: keep every state."
+        ),
+    )
+
+
+def state_contexts(session: SparkSession, store: DeltaStore) -> DataFrame:
+    """The CONTEXT rows of every snapshot's ``replica_state``, computed once (a few rows per snapshot).
+
+    The filter on ``row_kind`` is pushed into the Parquet scan, whose row-group statistics
+    skip the VERSION rows (a snapshot's contexts are written by their own tasks).
+    """
+    return computed_once(read_stage(session, store, STATE, None).where(F.col("row_kind") == CONTEXT))
+
+
+def read_states(session: SparkSession, store: DeltaStore, snapshot_ids: list[str]) -> DataFrame:
+    """The ``replica_state`` partitions of ``snapshot_ids`` only (each read by its partition alone)."""
+    return reduce(DataFrame.unionByName, [read_stage(session, store, STATE, i) for i in snapshot_ids])
+
+
+def load_prior_state(
+    session: SparkSession, store: DeltaStore, partitions: DataFrame, snapshot_id: str, contexts: DataFrame | None = None
+) -> PriorState:
+    """``prior_state`` of ``snapshot_id`` from the store: every state's contexts, the chosen predecessors' rows."""
+    return prior_state(
+        state_contexts(session, store) if contexts is None else contexts,
+        partitions,
+        snapshot_id,
+        read_stage(session, store, "raw_topic_snapshots", None),
+        read_states=lambda ids: read_states(session, store, ids),
+    )
+
+
+def retention_plan(contexts: DataFrame, written: DataFrame, snapshot_id: str, keep: Optional[int]) -> dict:
+    """Which states to keep and drop once ``snapshot_id``'s state (``written``) is published, as metadata."""
+    rp = list(REPLICA_PARTITION)
+    others = contexts.where(F.col("snapshot_id") != snapshot_id).select("snapshot_id", *rp, "last_offset")
+    own = written.where(F.col("row_kind") == CONTEXT).select("snapshot_id", *rp, "last_offset")
+    kept, dropped = retained_states(others.unionByName(own).collect(), keep)
+    return {
+        "state_retention": "all" if keep is None else keep,
+        "states_kept": len(kept),
+        "states_dropped": len(dropped),
+        "dropped_snapshot_ids": dg.MetadataValue.json(dropped[:MAX_LISTED_DROPPED]),
+        "_dropped": dropped,
+    }
+
+
+def check_state_retention(keep: Optional[int]) -> Optional[int]:
+    if keep is not None and keep < MIN_STATE_RETENTION:
+        from resources.errors import InvalidSetting
+
+        raise InvalidSetting(
+            f"state_retention must be at least {MIN_STATE_RETENTION} (the newest state and the one it continued, so "
+            f"that re-auditing the newest snapshot starts from the same state), or unset to keep every state; got {keep}"
+        )
+    return keep
 
 
 @dg.multi_asset(
@@ -56,18 +137,20 @@ EXAMPLE_KEYS = 10
     ],
     partitions_def=snapshot_partitions,
 )
-def divergence_reports(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
+def divergence_reports(
+    context: dg.AssetExecutionContext, config: DivergenceConfig, spark: SparkResource, store: DeltaStore
+):
     snapshot_id = context.partition_key
+    keep = check_state_retention(config.state_retention)
     session = spark.spark_session
     rows = read_stage(session, store, "reconstructed_watermarks", snapshot_id)
     partitions = read_stage(session, store, "partition_watermarks", snapshot_id)
+    contexts = state_contexts(session, store)
     try:
-        # Every snapshot's state but this one's: re-materializing it starts from the state before it. The raw
-        # rows are read only where a dump overlaps the state it continues, to verify the overlap.
-        prior = prior_state(
-            read_stage(session, store, "replica_state", None), partitions, snapshot_id,
-            read_stage(session, store, "raw_topic_snapshots", None),
-        )
+        # Every snapshot's contexts but this one's: re-materializing it starts from the state before it. Only the
+        # chosen predecessors' partitions are read whole. The raw rows are read only where a dump overlaps the
+        # state it continues, to verify the overlap.
+        prior = load_prior_state(session, store, partitions, snapshot_id, contexts)
     except StateRefused as refused:
         raise dg.Failure(description=str(refused), allow_retries=False) from refused
     if prior.links:
@@ -95,8 +178,17 @@ def divergence_reports(context: dg.AssetExecutionContext, spark: SparkResource, 
         },
     )
     state = next_state(carried_rows, carried_partitions, prior.versions, prior.context)
-    tables.stage(state, "replica_state", extra_metadata=carried)
+    tables.stage(state, STATE, extra_metadata=carried)
+    retention = retention_plan(contexts, tables.frame(STATE), snapshot_id, keep)
+    dropped = retention.pop("_dropped")
+    tables.add_metadata(STATE, retention)
     yield from tables.publish()
+    # After the new state is committed: a failure here leaves extra states, which is safe, and the next audit
+    # drops them. A concurrent audit that chose a dropped state refuses to use it (it re-reads its context).
+    if dropped:
+        version = store.delete_snapshots(session, STATE, dropped)
+        context.log.info(f"state retention {keep}: dropped the states of {len(dropped)} snapshot(s) "
+                         f"({', '.join(dropped[:MAX_LISTED_DROPPED])}) from {STATE} in Delta version {version}")
 
 
 def verdict_totals(summary) -> dict[str, int]:

@@ -86,11 +86,39 @@ The audit refuses (``StateRefused``, which fails the run) rather than guess when
 
 A context row is the index of its state: deleting it (with or without its VERSION rows)
 leaves nothing to continue, and the next snapshot starts fresh, which is safe.
+
+What a step reads (bounded)
+---------------------------
+The predecessor rule needs only the CONTEXT rows of the other snapshots (a few per
+snapshot). The divergence asset reads those alone (a filter on ``row_kind`` pushed into
+the Parquet scan skips the VERSION rows) and hands them to ``prior_state`` as ``state``;
+``prior_state`` then reads, through ``read_states``, only the partitions of
+``replica_state`` of the chosen predecessors (usually one snapshot) for their VERSION
+rows and contexts. A step's work on the state therefore does not grow with the number of
+snapshots audited (before, every snapshot's VERSION rows were read, one union branch per
+snapshot, and joined with the choice). The contexts read with the VERSION rows must be
+the ones chosen (same replica partition and ``last_offset``): a predecessor re-written or
+dropped by a concurrent audit between the two reads is refused ("changed while ... was
+read"), never half used. Called with a whole ``replica_state`` and no ``read_states``,
+``prior_state`` filters it to the chosen snapshots itself: the same result.
+
+Retention. ``retained_states`` decides which states to keep under ``state_retention = N``:
+per replica partition, the N contexts ending furthest along the log (greatest
+``last_offset``; a context tied with the last kept one is kept too, so that a tie stays
+a refusal rather than becoming a choice); a snapshot's partition of ``replica_state`` is
+kept when any of its contexts is, and dropped otherwise. A later dump normally continues
+the newest state; one that would have continued a dropped state (a late dump of older
+offsets) finds no predecessor and starts fresh, or is refused if it overlaps a kept
+state it cannot continue: both safe (a fresh start can only miss proofs). N is at least
+2, so the state the newest snapshot continued is kept and re-auditing that snapshot (the
+hourly schedule does) starts from the same state. The asset drops the states after its
+own tables are committed (``DeltaStore.delete_snapshots``, one Delta commit); unset, every
+state is kept, as before.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -420,14 +448,25 @@ def _verify_overlaps(
     return verified, refusals
 
 
-def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str, raw: DataFrame) -> PriorState:
+def prior_state(
+    state: DataFrame,
+    partition_wm: DataFrame,
+    snapshot_id: str,
+    raw: DataFrame,
+    read_states: Callable[[list[str]], DataFrame] | None = None,
+) -> PriorState:
     """The state ``snapshot_id`` continues, chosen by the predecessor rule and checked; raises ``StateRefused``.
 
     ``state`` is ``replica_state`` (any snapshots; ``snapshot_id``'s own rows are
-    ignored), ``partition_wm`` the snapshot's ``partition_watermarks``, ``raw``
-    ``raw_topic_snapshots`` (any snapshots: only the rows of the snapshot and of the
-    predecessors its dumps overlap are read, to verify the overlaps). Only a handful of
-    rows reach the driver: one per mid-stream replica partition, per overlap, and the problems.
+    ignored): its CONTEXT rows choose the predecessors, and only they are needed there
+    when ``read_states`` is given. ``read_states(ids)`` returns the ``replica_state`` rows
+    (both kinds) of the snapshots ``ids``, the chosen predecessors: only their partitions
+    are read for VERSION rows and the contexts carried (partition pruning; by default
+    ``state`` filtered to them). ``partition_wm`` is the snapshot's
+    ``partition_watermarks``, ``raw`` ``raw_topic_snapshots`` (any snapshots: only the rows
+    of the snapshot and of the predecessors its dumps overlap are read, to verify the
+    overlaps). Only a handful of rows reach the driver: one per mid-stream replica
+    partition, per overlap, and the problems.
     """
     rp = list(REPLICA_PARTITION)
     others = state.where(F.col("snapshot_id") != snapshot_id)
@@ -436,8 +475,6 @@ def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str, raw
     chosen = links.where(F.col("previous_snapshot_id").isNotNull()).select(
         F.col("previous_snapshot_id").alias("snapshot_id"), *rp
     )
-    context = contexts.join(chosen, on=["snapshot_id", *rp], how="inner")
-    versions = others.where(F.col("row_kind") == VERSION).join(chosen, on=["snapshot_id", *rp], how="inner")
 
     link_rows = links.orderBy(*rp).collect()
     refusals = []
@@ -453,8 +490,29 @@ def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str, raw
                 f"so which one {snapshot_id} continues is ambiguous"
             )
     continued = [link for link in link_rows if link["previous_snapshot_id"] is not None]
+    # Only the chosen predecessors' partitions are read whole: the state's cost does not grow with its history.
+    ids = sorted({link["previous_snapshot_id"] for link in continued})
+    if not ids:
+        read = others.where(F.lit(False))
+    elif read_states is None:
+        read = others.where(F.col("snapshot_id").isin(*ids))
+    else:
+        read = read_states(ids).where(F.col("snapshot_id").isin(*ids))
+    context = read.where(F.col("row_kind") == CONTEXT).join(chosen, on=["snapshot_id", *rp], how="inner")
+    versions = read.where(F.col("row_kind") == VERSION).join(chosen, on=["snapshot_id", *rp], how="inner")
+
     verified, differing = _verify_overlaps(raw, links, continued, snapshot_id)
     refusals.extend(differing)
+    # The contexts read with their VERSION rows must be the ones chosen: a partition re-written or dropped
+    # (retention) by a concurrent audit between the two reads is refused, never half used.
+    found = {(r["replica"], r["topic"], r["partition"], r["last_offset"]): r["state_rows"]
+             for r in context.select(*rp, "last_offset", "state_rows").collect()} if continued else {}
+    for link in continued:
+        if (link["replica"], link["topic"], link["partition"], link["previous_last_offset"]) not in found:
+            refusals.append(
+                f"{_name(link)}: the state of snapshot {link['previous_snapshot_id']} changed while "
+                f"{snapshot_id} was read (re-materialized or dropped by state retention meanwhile); audit again"
+            )
     problems = sorted(
         context_problems(versions, context).collect() if continued else [],
         key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
@@ -464,10 +522,10 @@ def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str, raw
         by_context.setdefault((_name(problem), problem["snapshot_id"]), []).append(
             f"{problem['problem']}: the context says {problem['expected']}, its VERSION rows give {problem['found']}"
         )
-    for (name, previous), found in by_context.items():
+    for (name, previous), found_problems in by_context.items():
         refusals.append(
-            f"{name}: the state of snapshot {previous} does not match its commit context ({'; '.join(found)}); "
-            "it was changed outside an audit"
+            f"{name}: the state of snapshot {previous} does not match its commit context "
+            f"({'; '.join(found_problems)}); it was changed outside an audit"
         )
     if refusals:
         listed = refusals[:MAX_LISTED]
@@ -481,17 +539,41 @@ def prior_state(state: DataFrame, partition_wm: DataFrame, snapshot_id: str, raw
             "whose overlap with its predecessor differs is not of the same log, or one of the two was changed."
         )
     # The contexts matched their VERSION rows: their state_rows is what will be carried.
-    carried = {(r["replica"], r["topic"], r["partition"]): r["state_rows"]
-               for r in context.select(*rp, "state_rows").collect()} if continued else {}
     described = []
     for link in continued:
         key = (link["replica"], link["topic"], link["partition"])
         described.append({
             **{c: link[c] for c in (*rp, "previous_snapshot_id", "previous_last_offset", "first_offset")},
-            "state_rows": carried[key],
+            "state_rows": found[(*key, link["previous_last_offset"])],
             "overlap": verified.get(key),
         })
     return PriorState(versions=versions, context=context, links=described)
+
+
+def retained_states(contexts: Iterable[Any], keep: int | None) -> tuple[list[str], list[str]]:
+    """(kept, dropped) snapshot ids of ``replica_state`` under ``state_retention = keep``, from CONTEXT rows.
+
+    ``contexts`` are CONTEXT rows (``snapshot_id``, the replica partition, ``last_offset``)
+    of every snapshot's state, the one just written included. Per replica partition the
+    ``keep`` contexts that end furthest along the log (greatest ``last_offset``) are kept,
+    and any context tied with the last kept one (dropping one of two tied states would
+    turn a refusal into a choice). A snapshot's partition is kept when any of its contexts
+    is, else dropped. ``keep`` None keeps every state.
+    """
+    by_partition: dict[tuple, list[tuple[int, str]]] = {}
+    snapshots = set()
+    for row in contexts:
+        snapshots.add(row["snapshot_id"])
+        key = (row["replica"], row["topic"], row["partition"])
+        by_partition.setdefault(key, []).append((int(row["last_offset"]), row["snapshot_id"]))
+    if keep is None:
+        return sorted(snapshots), []
+    kept = set()
+    for ends in by_partition.values():
+        offsets = sorted((offset for offset, _ in ends), reverse=True)
+        floor = offsets[min(keep, len(offsets)) - 1]
+        kept.update(snapshot for offset, snapshot in ends if offset >= floor)
+    return sorted(kept), sorted(snapshots - kept)
 
 
 # ---------------------------------------------------------------- carry over

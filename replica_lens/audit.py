@@ -56,12 +56,14 @@ def run_audit(
     instance: Optional[dg.DagsterInstance] = None,
     log_level: str = "DEBUG",
     watcher: Optional["StepPrinter"] = None,
+    state_retention: Optional[int] = None,
     **settings: Any,
 ) -> SnapshotAudit:
     """Materialize every per-snapshot asset of ``snapshot_id`` in this process; never raises on run failure.
 
     ``log_level`` is the level of Dagster's console log (its event log is DEBUG). A
     ``watcher`` receives the run's events while it runs (``StepPrinter``).
+    ``state_retention`` is the divergence step's run config (None: keep every state).
     """
     from replica_lens.definitions import build_definitions
 
@@ -78,7 +80,11 @@ def run_audit(
             partition_key=snapshot_id,
             instance=instance,
             raise_on_error=False,
-            run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+            run_config={
+                "loggers": {"console": {"config": {"log_level": log_level}}},
+                **({"ops": {"divergence_reports": {"config": {"state_retention": state_retention}}}}
+                   if state_retention is not None else {}),
+            },
             run_id=run_id,
         )
     finally:
@@ -369,13 +375,15 @@ def audit_snapshots(
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     verbosity: str = "normal",
     json_path: Optional[str] = None,
+    state_retention: Optional[int] = None,
 ) -> int:
     """Audit the named snapshot, or every complete one; print a summary; return the exit code.
 
     ``verbosity``: ``quiet`` prints the summaries and errors only; ``normal`` adds one line
     per step; ``verbose`` adds Dagster's event log and Spark's warnings. ``json_path``
     (``-`` for stdout, the human output then goes to stderr) receives one JSON document for
-    the whole command (``audit_document`` per snapshot).
+    the whole command (``audit_document`` per snapshot). ``state_retention``: see
+    ``assets.divergence.DivergenceConfig`` (None: keep every state).
     """
     out: TextIO = sys.stderr if json_path == "-" else sys.stdout
     zone = LandingZone(root=landing)
@@ -412,6 +420,7 @@ def audit_snapshots(
                 delta_jars_dir=delta_jars_dir,
                 shuffle_partitions=shuffle_partitions,
                 spark_log_level=SPARK_LOG_LEVELS[verbosity],
+                state_retention=state_retention,
             )
         print("\n".join(summary_lines(audit)), file=out, flush=True)
         documents.append(audit_document(audit))

@@ -71,7 +71,20 @@ def _audit(args: argparse.Namespace) -> int:
         fail_on_divergence=args.fail_on_divergence,
         verbosity="verbose" if args.verbose else "quiet" if args.quiet else "normal",
         json_path=args.json,
+        state_retention=args.state_retention,
     )
+
+
+def _state_retention(text: str) -> int:
+    from assets.divergence import MIN_STATE_RETENTION
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < MIN_STATE_RETENTION:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least {MIN_STATE_RETENTION}, got {text!r}")
+    return value
 
 
 def _benchmark(args: argparse.Namespace) -> int:
@@ -162,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--fail-on-divergence",
         action="store_true",
         help=f"exit {EXIT_DIVERGENCE} when any key is proven DIVERGENT or MISSING",
+    )
+    audit.add_argument(
+        "--state-retention",
+        type=_state_retention,
+        metavar="N",
+        help="keep the states (replica_state) of the N snapshots ending furthest along each replica partition's log "
+        "and drop the older ones after each audit (at least 2; default: keep every state)",
     )
     audit.add_argument(
         "--quiet", action="store_true", help="print only each snapshot's summary and errors (no line per step)"

@@ -448,6 +448,40 @@ class DeltaStore(dg.ConfigurableResource):
         dt.update_incremental()
         return dt.version()
 
+    def delete_snapshots(self, spark: SparkSession, table: str, snapshot_ids: Sequence[str]) -> Optional[int]:
+        """Remove every row of ``snapshot_ids`` from ``table`` in one Delta commit; return its version.
+
+        A delete of whole partitions (the predicate names ``snapshot_id`` only): the log
+        removes their files, no data file is rewritten, and ``VACUUM`` reclaims them later.
+        None, and no commit, when there is nothing to delete. Used by ``replica_state``'s
+        retention (``assets/divergence.py``).
+        """
+        ids = sorted({check_snapshot_id(s) for s in snapshot_ids})
+        if not ids or not self.exists(table):
+            return None
+        uri = self.table_uri(table)
+        if self._engine(spark) == "native":
+            from delta.tables import DeltaTable as SparkDeltaTable
+
+            delta = SparkDeltaTable.forPath(spark, uri)
+            delta.delete(F.col(PARTITION_COLUMN).isin(*ids))
+            return int(delta.history(1).collect()[0]["version"])
+        from deltalake import DeltaTable
+        from deltalake.exceptions import CommitFailedError
+
+        predicate = f"{PARTITION_COLUMN} IN ({', '.join(repr(i) for i in ids)})"  # safe ids: no quote inside
+        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+            dt = DeltaTable(uri, storage_options=delta_storage_options())
+            try:
+                dt.delete(predicate)
+                break
+            except CommitFailedError:  # a concurrent commit of another partition: retry on the fresh table
+                if attempt == _COMMIT_ATTEMPTS:
+                    raise
+                time.sleep(random.uniform(0.05, 0.25) * attempt)
+        dt.update_incremental()
+        return dt.version()
+
     # ------------------------------------------------------------------ read
     def read_snapshot(self, spark: SparkSession, table: str, snapshot_id: str, struct: T.StructType) -> DataFrame:
         """The rows of ``snapshot_id`` in ``table`` (empty, with ``struct``, when there are none)."""

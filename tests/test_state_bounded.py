@@ -1,0 +1,277 @@
+"""Bounded state: a divergence step reads only the predecessor state it continues, and retention drops the rest.
+
+A chain of four dumps of the same streams (S1 from START_OF_PUSH, S2 and S3 mid-stream,
+S4 re-reading S3's last offsets) is audited in sequence twice from a Delta warehouse, as
+the divergence asset reads it (``assets.divergence``): without retention and with
+``state_retention = 2``. Both are compared with the full-union path (every earlier
+snapshot's state handed to ``prior_state``, as before the state was bounded).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from pyspark.sql import functions as F
+
+from assets.divergence import (
+    MIN_STATE_RETENTION,
+    STATE,
+    check_state_retention,
+    load_prior_state,
+    retention_plan,
+    state_contexts,
+)
+from assets.partitions import SNAPSHOTS
+from assets.tables import read_stage
+from pipelines.leapfrog import compare_replicas
+from pipelines.state import CONTEXT, PriorState, carry_over, next_state, prior_state, retained_states
+from replica_lens.cli import build_parser
+from replica_lens.jobs import AUDIT_JOB
+from resources.delta_store import DeltaStore
+from resources.errors import InvalidSetting
+from schemas.registry import struct_for
+from tests.rows import raw_frame
+from tests.test_incremental import (
+    DIVERGENCE_STAGE,
+    ORDERS,
+    SETTINGS,
+    audit,
+    canonical,
+    dump_between,
+    offsets_of,
+    rereading,
+    simulated,
+    stage,
+    write_landing,
+)
+
+CHAIN = ("s1", "s2", "s3", "s4")
+
+
+def chain_dumps(rows: list[dict]) -> list[list[dict]]:
+    """Four dumps of ``rows``: quarters of every replica partition's offsets; S4 re-reads S3's last two offsets."""
+    offsets = offsets_of(rows)
+    start = [{p: o[(len(o) * i) // 4] for p, o in offsets.items()} for i in range(4)]
+    dumps = [dump_between(rows, start[i], start[i + 1]) for i in range(3)] + [dump_between(rows, start[3])]
+    dumps[3] = rereading(dumps[2], dumps[3])
+    return dumps
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> list[list[dict]]:
+    tmp = tmp_path_factory.mktemp("chain")
+    faulty, _ = simulated(tmp, "faulty", seed=1, keys=30, lost_writes=3, corrupted_values=3,
+                          duplicate_deliveries=2, conflicting_writes=2)
+    clean, _ = simulated(tmp, "clean", seed=11, keys=60, lagging_replica="dc-c", lag_messages=15)
+    return chain_dumps(faulty + clean)
+
+
+@dataclass
+class Step:
+    reports: list[str]
+    summary: list[str]
+    prior: PriorState
+    versions_files: list[str]  # the files the carried VERSION rows were read from
+    read_snapshots: list[tuple[str, str]]  # (table, snapshot_id) of every one-snapshot read of the step
+    retention: dict = field(default_factory=dict)
+
+
+def audit_from_store(spark, store: DeltaStore, rows: list[dict], snapshot_id: str, keep: int | None, spy) -> Step:
+    """One divergence step as the asset runs it: contexts, the predecessors' partitions, retention after the commit."""
+    row_wm, part_wm = stage(spark, rows, snapshot_id)
+    store.write_snapshot(spark, raw_frame(spark, rows, snapshot_id), "raw_topic_snapshots", snapshot_id,
+                         struct_for("raw_topic_snapshots"))
+    spy.clear()
+    contexts = state_contexts(spark, store)
+    prior = load_prior_state(spark, store, part_wm, snapshot_id, contexts)
+    carried_rows, carried_parts = carry_over(row_wm, part_wm, prior.versions, prior.context)
+    carried_rows = carried_rows.localCheckpoint(eager=True)
+    reports, summary = compare_replicas(carried_rows, carried_parts)
+    state = next_state(carried_rows, carried_parts, prior.versions, prior.context)
+    files = prior.versions.inputFiles()
+    reads = list(spy)
+    store.write_snapshot(spark, state, STATE, snapshot_id, struct_for(STATE))
+    plan = retention_plan(contexts, read_stage(spark, store, STATE, snapshot_id), snapshot_id, keep)
+    store.delete_snapshots(spark, STATE, plan["_dropped"])
+    return Step(sorted(map(str, (r.asDict() for r in reports.collect()))),
+                sorted(map(str, (r.asDict() for r in summary.collect()))), prior, files, reads, plan)
+
+
+@dataclass
+class Chains:
+    unbounded: dict[str, Step]  # no retention
+    bounded: dict[str, Step]  # state_retention = 2
+    unbounded_store: DeltaStore
+    bounded_store: DeltaStore
+    reaudited: Step  # S4 audited again after the bounded chain
+
+
+@pytest.fixture(scope="module")
+def chains(spark, dumps, tmp_path_factory) -> Chains:
+    """The chain audited from a warehouse without and with retention; every ``DeltaStore.read_snapshot`` is spied."""
+    calls: list[tuple[str, str]] = []
+    original = DeltaStore.read_snapshot
+
+    def spied(self, spark, table, snapshot_id, struct):
+        calls.append((table, snapshot_id))
+        return original(self, spark, table, snapshot_id, struct)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DeltaStore, "read_snapshot", spied)
+        out = {}
+        for keep in (None, 2):
+            store = DeltaStore(warehouse_root=str(tmp_path_factory.mktemp("warehouse")))
+            out[keep] = store, {sid: audit_from_store(spark, store, rows, sid, keep, calls)
+                                for sid, rows in zip(CHAIN, dumps)}
+        reaudited = audit_from_store(spark, out[2][0], dumps[3], "s4", 2, calls)
+    return Chains(out[None][1], out[2][1], out[None][0], out[2][0], reaudited)
+
+
+@pytest.fixture(scope="module")
+def full_union(spark, dumps) -> dict[str, tuple[list[str], list[str]]]:
+    """The reports of each step with every earlier snapshot's state and raw rows (the path before pruning)."""
+    out, states, raws = {}, None, None
+    for sid, rows in zip(CHAIN, dumps):
+        step = audit(spark, rows, sid, states, raws)
+        out[sid] = (sorted(map(str, step.reports)), sorted(map(str, step.summary)))
+        states = step.state if states is None else states.unionByName(step.state)
+        raws = step.raw if raws is None else raws.unionByName(step.raw)
+    return out
+
+
+def snapshot_of(path: str) -> str:
+    return path.split("snapshot_id=", 1)[1].split("/", 1)[0]
+
+
+def test_a_step_reads_only_the_state_partition_of_the_predecessor_it_continues(spark, dumps, chains):
+    """Catches: the divergence step reading every snapshot's VERSION rows (one union branch per snapshot, joined
+    with the chosen predecessors afterwards), so that its cost grows with the number of snapshots audited."""
+    store, steps = chains.unbounded_store, chains.unbounded
+    assert store.snapshot_ids(STATE) == list(CHAIN)
+    for previous, sid in zip(CHAIN, CHAIN[1:]):
+        step = steps[sid]
+        assert step.prior.previous_snapshot_ids == [previous], sid
+        # The carried VERSION rows come from the files of the predecessor's partition alone...
+        assert step.versions_files and {snapshot_of(f) for f in step.versions_files} == {previous}, sid
+        # ...and replica_state is read whole for that one snapshot only (its contexts aside).
+        assert [s for t, s in step.read_snapshots if t == STATE] == [previous], sid
+    assert steps["s1"].prior.links == [] and steps["s1"].versions_files == []
+    assert [s for t, s in steps["s1"].read_snapshots if t == STATE] == []
+    # The same rows as the full-union read of every snapshot's state.
+    unpruned = prior_state(read_stage(spark, store, STATE, None), stage(spark, dumps[3], "s4")[1], "s4",
+                           read_stage(spark, store, "raw_topic_snapshots", None))
+    assert unpruned.links == steps["s4"].prior.links
+    assert canonical(unpruned.versions) == canonical(steps["s4"].prior.versions)
+    assert canonical(unpruned.context) == canonical(steps["s4"].prior.context)
+
+
+def test_pruned_reads_give_the_verdicts_of_the_full_union_path_over_a_multi_snapshot_history(chains, full_union):
+    """Catches: a pruned read that picks another predecessor than the predecessor rule over every snapshot's
+    state, or loses carried versions or contexts (the reports of S2..S4 would differ)."""
+    steps = chains.unbounded
+    for sid in CHAIN:
+        assert (steps[sid].reports, steps[sid].summary) == full_union[sid], sid
+    assert steps["s4"].prior.links and all(link["overlap"] for link in steps["s4"].prior.links)
+    assert any("'verdict': 'DIVERGENT'" in r or "'verdict': 'MISSING'" in r for r in steps["s4"].reports)
+
+
+def test_retention_drops_old_states_and_later_snapshots_still_continue_with_the_same_reports(chains, full_union):
+    """Catches: retention that drops the newest state or the one just written (S3 or S4 would start fresh, with
+    other reports), keeps every state (replica_state grows with every snapshot), or misreports what it did."""
+    store, steps = chains.bounded_store, chains.bounded
+    for sid in CHAIN:
+        assert (steps[sid].reports, steps[sid].summary) == full_union[sid], sid
+    assert [steps[sid].retention["states_dropped"] for sid in CHAIN] == [0, 0, 1, 1]
+    assert [steps[sid].retention["states_kept"] for sid in CHAIN] == [1, 2, 2, 2]
+    assert steps["s3"].retention["_dropped"] == ["s1"] and steps["s4"].retention["_dropped"] == ["s2"]
+    assert steps["s4"].prior.previous_snapshot_ids == ["s3"]
+    assert store.snapshot_ids(STATE) == ["s3", "s4"]
+    # Re-auditing the newest snapshot starts from the same state: its predecessor was kept.
+    assert (chains.reaudited.reports, chains.reaudited.summary) == full_union["s4"]
+    assert chains.reaudited.retention["states_dropped"] == 0
+
+
+def test_retained_states_keeps_the_n_furthest_contexts_per_replica_partition_and_ties():
+    """Catches: ranking states by snapshot id or ascending offsets, dropping one of two tied states (which would
+    turn the ambiguity refusal into a silent choice), or dropping a snapshot still newest in another partition."""
+    def ctx(sid, replica, last):
+        return {"snapshot_id": sid, "replica": replica, "topic": "t", "partition": 0, "last_offset": last}
+
+    rows = [ctx("z1", "a", 9), ctx("a2", "a", 19), ctx("m3", "a", 29), ctx("z1", "b", 50), ctx("a2", "b", 40)]
+    assert retained_states(rows, None) == (["a2", "m3", "z1"], [])
+    assert retained_states(rows, 2) == (["a2", "m3", "z1"], [])  # z1 is b's newest
+    assert retained_states(rows[:3], 2) == (["a2", "m3"], ["z1"])
+    tied = rows[:3] + [ctx("t3", "a", 29)]
+    assert retained_states(tied, 2) == (["m3", "t3"], ["a2", "z1"])
+    assert retained_states(tied + [ctx("u", "a", 19)], 3) == (["a2", "m3", "t3", "u"], ["z1"])
+
+
+def test_a_state_retention_below_two_is_refused_by_the_config_and_the_cli(capsys):
+    """Catches: a retention of 1 or 0, which would drop the state the newest snapshot continued (re-auditing it,
+    as the hourly schedule does, would then start fresh) or every state."""
+    assert check_state_retention(None) is None and check_state_retention(MIN_STATE_RETENTION) == 2
+    with pytest.raises(InvalidSetting, match="at least 2"):
+        check_state_retention(1)
+    args = ["audit", "--landing", "l", "--warehouse", "w"]
+    assert build_parser().parse_args(args + ["--state-retention", "3"]).state_retention == 3
+    assert build_parser().parse_args(args).state_retention is None
+    for bad in ("1", "0", "x"):
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(args + ["--state-retention", bad])
+        assert exited.value.code == 2
+    assert "--state-retention: must be a whole number of at least 2" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- through Dagster
+
+
+def comparable(reports) -> list[tuple]:
+    return sorted(tuple(sorted((k, str(v)) for k, v in r.items() if k != "snapshot_id")) for r in reports)
+
+
+def run_divergence(landing: Path, warehouse: Path, snapshot_id: str, keep: int) -> dg.ExecuteInProcessResult:
+    from replica_lens.definitions import build_definitions
+
+    defs = build_definitions(landing_root=str(landing), warehouse_root=str(warehouse), **SETTINGS)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
+    return defs.resolve_job_def(AUDIT_JOB).execute_in_process(
+        partition_key=snapshot_id, instance=instance, raise_on_error=False,
+        asset_selection=[dg.AssetKey(k) for k in DIVERGENCE_STAGE],
+        run_config={"ops": {"divergence_reports": {"config": {"state_retention": keep}}}},
+    )
+
+
+@pytest.mark.slow
+def test_the_divergence_asset_applies_state_retention_from_run_config_and_reports_it(spark, tmp_path):
+    """Catches: the asset ignoring its state_retention config, deleting before its own state is committed, or
+    not reporting the states kept and dropped on the replica_state materialization."""
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    offsets = offsets_of(ORDERS)
+    start = [{p: o[min(i * 2, len(o) - 1)] for p, o in offsets.items()} for i in range(3)]
+    dumps = [dump_between(ORDERS, start[0], start[1]), dump_between(ORDERS, start[1], start[2]),
+             dump_between(ORDERS, start[2])]
+    store = DeltaStore(warehouse_root=str(warehouse))
+    expected, states = {}, None
+    for sid, rows in zip(("s1", "s2", "s3"), dumps):
+        write_landing(landing, sid, rows)
+        row_wm, part_wm = stage(spark, rows, sid)
+        store.write_snapshot(spark, row_wm, "reconstructed_watermarks", sid, struct_for("reconstructed_watermarks"))
+        store.write_snapshot(spark, part_wm, "partition_watermarks", sid, struct_for("partition_watermarks"))
+        reference = audit(spark, rows, sid, states)
+        expected[sid] = comparable(reference.reports)
+        states = reference.state if states is None else states.unionByName(reference.state)
+        result = run_divergence(landing, warehouse, sid, 2)
+        assert result.success, sid
+        written = read_stage(spark, store, "divergence_reports", sid)
+        assert comparable(r.asDict() for r in written.collect()) == expected[sid], sid
+    metadata = result.get_asset_materialization_events()
+    state = next(e.materialization.metadata for e in metadata if e.asset_key == dg.AssetKey(STATE))
+    assert (state["state_retention"].value, state["states_kept"].value, state["states_dropped"].value) == (2, 2, 1)
+    assert state["dropped_snapshot_ids"].value == ["s1"]
+    assert store.snapshot_ids(STATE) == ["s2", "s3"]
+    assert expected["s3"], "k2 and k4, last written in S2 or before, are reported in S3"
+    contexts = read_stage(spark, store, STATE, "s3").where(F.col("row_kind") == CONTEXT).collect()
+    assert {c["previous_snapshot_id"] for c in contexts} == {"s2"}
