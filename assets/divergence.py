@@ -28,6 +28,7 @@ from pipelines.leapfrog import compare_replicas
 from pipelines.state import CONTEXT, REPLICA_PARTITION, PriorState, StateRefused, carry_over, next_state, prior_state, \
     retained_states
 from resources.delta_store import DeltaStore
+from resources.errors import InvalidSetting
 from resources.spark import SparkResource
 
 GROUP = "divergence"
@@ -78,25 +79,22 @@ def load_prior_state(
     )
 
 
-def retention_plan(contexts: DataFrame, written: DataFrame, snapshot_id: str, keep: Optional[int]) -> dict:
-    """Which states to keep and drop once ``snapshot_id``'s state (``written``) is published, as metadata."""
+def retention_plan(contexts: DataFrame, written: DataFrame, snapshot_id: str, keep: int) -> tuple[list[str], dict]:
+    """The snapshots whose states to drop once ``snapshot_id``'s state (``written``) is published, and metadata."""
     rp = list(REPLICA_PARTITION)
     others = contexts.where(F.col("snapshot_id") != snapshot_id).select("snapshot_id", *rp, "last_offset")
     own = written.where(F.col("row_kind") == CONTEXT).select("snapshot_id", *rp, "last_offset")
     kept, dropped = retained_states(others.unionByName(own).collect(), keep)
-    return {
-        "state_retention": "all" if keep is None else keep,
+    return dropped, {
+        "state_retention": keep,
         "states_kept": len(kept),
         "states_dropped": len(dropped),
         "dropped_snapshot_ids": dg.MetadataValue.json(dropped[:MAX_LISTED_DROPPED]),
-        "_dropped": dropped,
     }
 
 
 def check_state_retention(keep: Optional[int]) -> Optional[int]:
     if keep is not None and keep < MIN_STATE_RETENTION:
-        from resources.errors import InvalidSetting
-
         raise InvalidSetting(
             f"state_retention must be at least {MIN_STATE_RETENTION} (the newest state and the one it continued, so "
             f"that re-auditing the newest snapshot starts from the same state), or unset to keep every state; got {keep}"
@@ -179,8 +177,10 @@ def divergence_reports(
     )
     state = next_state(carried_rows, carried_partitions, prior.versions, prior.context)
     tables.stage(state, STATE, extra_metadata=carried)
-    retention = retention_plan(contexts, tables.frame(STATE), snapshot_id, keep)
-    dropped = retention.pop("_dropped")
+    # Unset, every state is kept and nothing is collected for the plan.
+    dropped, retention = [], {"state_retention": "all"}
+    if keep is not None:
+        dropped, retention = retention_plan(contexts, tables.frame(STATE), snapshot_id, keep)
     tables.add_metadata(STATE, retention)
     yield from tables.publish()
     # After the new state is committed: a failure here leaves extra states, which is safe, and the next audit

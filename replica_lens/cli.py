@@ -76,15 +76,14 @@ def _audit(args: argparse.Namespace) -> int:
 
 
 def _state_retention(text: str) -> int:
-    from assets.divergence import MIN_STATE_RETENTION
+    """``--state-retention``: a whole number, checked by the divergence step's own rule."""
+    from assets.divergence import check_state_retention
+    from resources.errors import InvalidSetting
 
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < MIN_STATE_RETENTION:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least {MIN_STATE_RETENTION}, got {text!r}")
-    return value
+        return check_state_retention(int(text))
+    except (ValueError, InvalidSetting):
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 2, got {text!r}") from None
 
 
 def _benchmark(args: argparse.Namespace) -> int:

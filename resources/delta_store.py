@@ -212,6 +212,28 @@ def _add_actions(dt) -> dict[str, list]:
     return pa.table(dt.get_add_actions(flatten=True)).to_pydict()
 
 
+def _commit_with_retries(uri: str, commit) -> int:
+    """Run ``commit(DeltaTable)`` with delta-rs; one that lost a race is retried on the fresh table. The new version.
+
+    A concurrent commit (another partition's write, a retention delete) makes delta-rs
+    raise ``CommitFailedError``; the retry re-reads the table first, with a growing jitter.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+
+    for attempt in range(1, _COMMIT_ATTEMPTS + 1):
+        dt = DeltaTable(uri, storage_options=delta_storage_options())
+        try:
+            commit(dt)
+            break
+        except CommitFailedError:
+            if attempt == _COMMIT_ATTEMPTS:
+                raise
+            time.sleep(random.uniform(0.05, 0.25) * attempt)
+    dt.update_incremental()
+    return dt.version()
+
+
 class DeltaStore(dg.ConfigurableResource):
     """Delta Lake tables under one warehouse root, one table per asset, partitioned by snapshot."""
 
@@ -423,30 +445,22 @@ class DeltaStore(dg.ConfigurableResource):
         and a commit that lost a race is retried on the fresh table: its overwrite then
         replaces what the winner wrote, as if the writes had run one after the other.
         """
-        from deltalake import CommitProperties, DeltaTable, Transaction
-        from deltalake.exceptions import CommitFailedError
+        from deltalake import CommitProperties, Transaction
 
         claim = f"replica-lens:{PARTITION_COLUMN}={snapshot_id}" if snapshot_id is not None else "replica-lens:table"
-        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
-            dt = DeltaTable(uri, storage_options=delta_storage_options())
-            try:
-                dt.create_write_transaction(
-                    actions,
-                    mode="overwrite",
-                    schema=arrow_schema,
-                    partition_by=[PARTITION_COLUMN],
-                    partition_filters=None if snapshot_id is None else [(PARTITION_COLUMN, "=", snapshot_id)],
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(app_id=claim, version=dt.version() + 1)]
-                    ),
-                )
-                break
-            except CommitFailedError:
-                if attempt == _COMMIT_ATTEMPTS:
-                    raise
-                time.sleep(random.uniform(0.05, 0.25) * attempt)
-        dt.update_incremental()
-        return dt.version()
+        return _commit_with_retries(
+            uri,
+            lambda dt: dt.create_write_transaction(
+                actions,
+                mode="overwrite",
+                schema=arrow_schema,
+                partition_by=[PARTITION_COLUMN],
+                partition_filters=None if snapshot_id is None else [(PARTITION_COLUMN, "=", snapshot_id)],
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(app_id=claim, version=dt.version() + 1)]
+                ),
+            ),
+        )
 
     def delete_snapshots(self, spark: SparkSession, table: str, snapshot_ids: Sequence[str]) -> Optional[int]:
         """Remove every row of ``snapshot_ids`` from ``table`` in one Delta commit; return its version.
@@ -466,21 +480,8 @@ class DeltaStore(dg.ConfigurableResource):
             delta = SparkDeltaTable.forPath(spark, uri)
             delta.delete(F.col(PARTITION_COLUMN).isin(*ids))
             return int(delta.history(1).collect()[0]["version"])
-        from deltalake import DeltaTable
-        from deltalake.exceptions import CommitFailedError
-
         predicate = f"{PARTITION_COLUMN} IN ({', '.join(repr(i) for i in ids)})"  # safe ids: no quote inside
-        for attempt in range(1, _COMMIT_ATTEMPTS + 1):
-            dt = DeltaTable(uri, storage_options=delta_storage_options())
-            try:
-                dt.delete(predicate)
-                break
-            except CommitFailedError:  # a concurrent commit of another partition: retry on the fresh table
-                if attempt == _COMMIT_ATTEMPTS:
-                    raise
-                time.sleep(random.uniform(0.05, 0.25) * attempt)
-        dt.update_incremental()
-        return dt.version()
+        return _commit_with_retries(uri, lambda dt: dt.delete(predicate))
 
     # ------------------------------------------------------------------ read
     def read_snapshot(self, spark: SparkSession, table: str, snapshot_id: str, struct: T.StructType) -> DataFrame:

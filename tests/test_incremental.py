@@ -578,7 +578,9 @@ def write_landing(landing: Path, snapshot_id: str, rows: list[dict]) -> None:
     (folder / "_SUCCESS").write_text("")
 
 
-def run_divergence(landing: Path, warehouse: Path, snapshot_id: str) -> dg.ExecuteInProcessResult:
+def run_divergence(
+    landing: Path, warehouse: Path, snapshot_id: str, run_config: dict | None = None
+) -> dg.ExecuteInProcessResult:
     """The audit job of one snapshot, its divergence stage only (its inputs are in the warehouse)."""
     from replica_lens.definitions import build_definitions
 
@@ -588,6 +590,7 @@ def run_divergence(landing: Path, warehouse: Path, snapshot_id: str) -> dg.Execu
     return defs.resolve_job_def(AUDIT_JOB).execute_in_process(
         partition_key=snapshot_id, instance=instance, raise_on_error=False,
         asset_selection=[dg.AssetKey(k) for k in DIVERGENCE_STAGE],
+        run_config=run_config or {},
     )
 
 

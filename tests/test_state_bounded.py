@@ -9,7 +9,6 @@ snapshot's state handed to ``prior_state``, as before the state was bounded).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -23,31 +22,29 @@ from assets.divergence import (
     retention_plan,
     state_contexts,
 )
-from assets.partitions import SNAPSHOTS
 from assets.tables import read_stage
 from pipelines.leapfrog import compare_replicas
 from pipelines.state import CONTEXT, PriorState, carry_over, next_state, prior_state, retained_states
 from replica_lens.cli import build_parser
-from replica_lens.jobs import AUDIT_JOB
 from resources.delta_store import DeltaStore
 from resources.errors import InvalidSetting
 from schemas.registry import struct_for
 from tests.rows import raw_frame
 from tests.test_incremental import (
-    DIVERGENCE_STAGE,
     ORDERS,
-    SETTINGS,
     audit,
     canonical,
     dump_between,
     offsets_of,
     rereading,
+    run_divergence,
     simulated,
     stage,
     write_landing,
 )
 
 CHAIN = ("s1", "s2", "s3", "s4")
+RETAIN_TWO = {"ops": {"divergence_reports": {"config": {"state_retention": 2}}}}
 
 
 def chain_dumps(rows: list[dict]) -> list[list[dict]]:
@@ -75,7 +72,8 @@ class Step:
     prior: PriorState
     versions_files: list[str]  # the files the carried VERSION rows were read from
     read_snapshots: list[tuple[str, str]]  # (table, snapshot_id) of every one-snapshot read of the step
-    retention: dict = field(default_factory=dict)
+    retention: dict = field(default_factory=dict)  # the metadata retention_plan reports (empty: no retention)
+    dropped: list[str] = field(default_factory=list)  # the snapshots whose states were dropped
 
 
 def audit_from_store(spark, store: DeltaStore, rows: list[dict], snapshot_id: str, keep: int | None, spy) -> Step:
@@ -93,10 +91,12 @@ def audit_from_store(spark, store: DeltaStore, rows: list[dict], snapshot_id: st
     files = prior.versions.inputFiles()
     reads = list(spy)
     store.write_snapshot(spark, state, STATE, snapshot_id, struct_for(STATE))
-    plan = retention_plan(contexts, read_stage(spark, store, STATE, snapshot_id), snapshot_id, keep)
-    store.delete_snapshots(spark, STATE, plan["_dropped"])
+    dropped, plan = [], {}
+    if keep is not None:
+        dropped, plan = retention_plan(contexts, read_stage(spark, store, STATE, snapshot_id), snapshot_id, keep)
+    store.delete_snapshots(spark, STATE, dropped)
     return Step(sorted(map(str, (r.asDict() for r in reports.collect()))),
-                sorted(map(str, (r.asDict() for r in summary.collect()))), prior, files, reads, plan)
+                sorted(map(str, (r.asDict() for r in summary.collect()))), prior, files, reads, plan, dropped)
 
 
 @dataclass
@@ -185,7 +185,7 @@ def test_retention_drops_old_states_and_later_snapshots_still_continue_with_the_
         assert (steps[sid].reports, steps[sid].summary) == full_union[sid], sid
     assert [steps[sid].retention["states_dropped"] for sid in CHAIN] == [0, 0, 1, 1]
     assert [steps[sid].retention["states_kept"] for sid in CHAIN] == [1, 2, 2, 2]
-    assert steps["s3"].retention["_dropped"] == ["s1"] and steps["s4"].retention["_dropped"] == ["s2"]
+    assert steps["s3"].dropped == ["s1"] and steps["s4"].dropped == ["s2"]
     assert steps["s4"].prior.previous_snapshot_ids == ["s3"]
     assert store.snapshot_ids(STATE) == ["s3", "s4"]
     # Re-auditing the newest snapshot starts from the same state: its predecessor was kept.
@@ -231,19 +231,6 @@ def comparable(reports) -> list[tuple]:
     return sorted(tuple(sorted((k, str(v)) for k, v in r.items() if k != "snapshot_id")) for r in reports)
 
 
-def run_divergence(landing: Path, warehouse: Path, snapshot_id: str, keep: int) -> dg.ExecuteInProcessResult:
-    from replica_lens.definitions import build_definitions
-
-    defs = build_definitions(landing_root=str(landing), warehouse_root=str(warehouse), **SETTINGS)
-    instance = dg.DagsterInstance.ephemeral()
-    instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
-    return defs.resolve_job_def(AUDIT_JOB).execute_in_process(
-        partition_key=snapshot_id, instance=instance, raise_on_error=False,
-        asset_selection=[dg.AssetKey(k) for k in DIVERGENCE_STAGE],
-        run_config={"ops": {"divergence_reports": {"config": {"state_retention": keep}}}},
-    )
-
-
 @pytest.mark.slow
 def test_the_divergence_asset_applies_state_retention_from_run_config_and_reports_it(spark, tmp_path):
     """Catches: the asset ignoring its state_retention config, deleting before its own state is committed, or
@@ -263,7 +250,7 @@ def test_the_divergence_asset_applies_state_retention_from_run_config_and_report
         reference = audit(spark, rows, sid, states)
         expected[sid] = comparable(reference.reports)
         states = reference.state if states is None else states.unionByName(reference.state)
-        result = run_divergence(landing, warehouse, sid, 2)
+        result = run_divergence(landing, warehouse, sid, RETAIN_TWO)
         assert result.success, sid
         written = read_stage(spark, store, "divergence_reports", sid)
         assert comparable(r.asDict() for r in written.collect()) == expected[sid], sid
