@@ -16,8 +16,9 @@ Accounting, precisely:
   that is empty or holds only ASCII whitespace (space, tab, LF, vertical tab, form feed,
   CR) is blank: it carries no message and is not a row. Every other line is a row whatever
   it holds (NUL, invalid UTF-8, a lone CR, NEL, U+2028/U+2029, a BOM later in the file):
-  accepted or quarantined, MALFORMED_JSON at worst. Spark's reader and the Python salvage
-  of a broken gzip file apply this same rule.
+  accepted or quarantined, MALFORMED_JSON at worst. Spark's text reader (``*.jsonl``) and
+  the gzip reader (``pipelines/gzip_lines.py``, ``*.jsonl.gz``) apply this same rule, and
+  both keep a line's bytes as they are (invalid UTF-8 included).
 - A gzip file that breaks part-way (truncated, corrupt, trailing garbage) keeps its
   complete lines before the break; one UNREADABLE_FILE row (raw null) stands for the rest,
   whose lines cannot be counted. A Parquet file Spark or pyarrow cannot open is one
@@ -26,6 +27,17 @@ Accounting, precisely:
   ``*.parquet`` are data. ``_SUCCESS`` is the completion marker. Everything else
   (sub-folders, hidden or ``_``-prefixed files, other extensions) is not read and is
   listed in ``SnapshotFiles.other_files`` so the asset can show it.
+
+Where the work runs: the driver lists the folder (names, sizes) and reads Parquet footers
+(to group files by schema and find unreadable ones); nothing else of a file passes through
+it. JSONL and Parquet files are read by Spark. Gzip files are read in Spark's Python
+workers, one task per file (``_gzip_lines``: ``mapInArrow`` over ``pipelines/gzip_lines.py``,
+shipped by value): each task streams its file through zlib once, yielding its lines and,
+when the stream breaks, the row for the lost rest (so a broken file never fails the job,
+as it would with Spark's own gzip reader). This used to be a check of every gzip file on
+the driver before Spark read it again, and a broken file's lines gathered in the driver's
+memory: the driver's memory and one machine's I/O bounded the snapshot, and whole files
+were decompressed twice.
 
 Known limits: a Parquet file with a readable footer but corrupt data pages fails the
 Spark job (loudly, never silently); Spark's JSON parser ignores text after the closing
