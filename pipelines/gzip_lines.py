@@ -26,7 +26,11 @@ import pyarrow.fs as pafs
 from pyspark import cloudpickle
 
 SCHEMA = pa.schema(
-    [pa.field("source_file", pa.string(), nullable=False), pa.field("raw", pa.binary()), pa.field("read_error", pa.string())]
+    [
+        pa.field("source_file", pa.string(), nullable=False),
+        pa.field("raw", pa.binary()),
+        pa.field("read_error", pa.string()),
+    ]
 )
 # What a blank line may hold: ASCII whitespace (Spark's side of ingest trims the same characters).
 BLANK = b" \t\n\x0b\f\r"
@@ -36,7 +40,10 @@ _GZIP_WBITS = 31  # zlib with a gzip header and trailer
 
 
 def gunzip(fs: pafs.FileSystem, path: str) -> Generator[bytes, None, str | None]:
-    """Stream-decompress a gzip file: yields decompressed chunks; returns None when it is whole, else where and why it broke."""
+    """Stream-decompress a gzip file, yielding its decompressed chunks.
+
+    Returns None when the file is whole, else where and why it broke.
+    """
     decompressor = zlib.decompressobj(_GZIP_WBITS)
     in_member = False
     read = 0
@@ -126,7 +133,8 @@ def gzip_file_batches(fs: pafs.FileSystem, path: str, name: str) -> Iterator[pa.
 
     def batch(raws: list[bytes | None], errors: list[str | None]) -> pa.RecordBatch:
         names = pa.array([name] * len(raws), pa.string())
-        return pa.RecordBatch.from_arrays([names, pa.array(raws, pa.binary()), pa.array(errors, pa.string())], schema=SCHEMA)
+        columns = [names, pa.array(raws, pa.binary()), pa.array(errors, pa.string())]
+        return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
     lines = gzip_lines(fs, path)
     while True:

@@ -561,10 +561,10 @@ def test_a_gzip_line_keeps_its_bytes_whether_the_file_breaks_or_not(spark, tmp_p
         {"a.jsonl": data, "b.jsonl.gz": gzip.compress(data), "c.jsonl.gz": gzip.compress(data)[:-4]},
     )
     lines = read_snapshot_lines(spark, str(folder)).where("raw IS NOT NULL")
-    got = sorted((r["source_file"], r["bytes"]) for r in lines.select("source_file", F.hex("raw").alias("bytes")).collect())
-    expected = sorted(
-        (name, piece.hex().upper()) for name in ("a.jsonl", "b.jsonl.gz", "c.jsonl.gz") for piece in (line, data[len(line) + 2:-1])
-    )
+    got = sorted(tuple(r) for r in lines.select("source_file", F.hex("raw")).collect())
+    other = data[len(line) + 2 : -1]
+    names = ("a.jsonl", "b.jsonl.gz", "c.jsonl.gz")
+    expected = sorted((name, piece.hex().upper()) for name in names for piece in (line, other))
     assert got == expected
 
 
@@ -584,5 +584,6 @@ def test_gzip_lines_cross_chunk_and_member_boundaries(tmp_path, monkeypatch):
     path = tmp_path / "x.jsonl.gz"
     path.write_bytes(b"".join(gzip.compress(m) for m in members))
     rows = [r for b in gz.gzip_file_batches(pafs.LocalFileSystem(), str(path), "x.jsonl.gz") for r in b.to_pylist()]
-    assert [(r["raw"], r["read_error"]) for r in rows] == [(b'{"a": 1}', None), (b'{"b":\r2}', None), (b'{"c": 3}', None)]
+    assert [r["raw"] for r in rows] == [b'{"a": 1}', b'{"b":\r2}', b'{"c": 3}']
+    assert {r["read_error"] for r in rows} == {None}
     assert {r["source_file"] for r in rows} == {"x.jsonl.gz"}
