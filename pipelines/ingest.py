@@ -16,8 +16,9 @@ Accounting, precisely:
   that is empty or holds only ASCII whitespace (space, tab, LF, vertical tab, form feed,
   CR) is blank: it carries no message and is not a row. Every other line is a row whatever
   it holds (NUL, invalid UTF-8, a lone CR, NEL, U+2028/U+2029, a BOM later in the file):
-  accepted or quarantined, MALFORMED_JSON at worst. Spark's reader and the Python salvage
-  of a broken gzip file apply this same rule.
+  accepted or quarantined, MALFORMED_JSON at worst. Spark's text reader (``*.jsonl``) and
+  the gzip reader (``pipelines/gzip_lines.py``, ``*.jsonl.gz``) apply this same rule, and
+  both keep a line's bytes as they are (invalid UTF-8 included).
 - A gzip file that breaks part-way (truncated, corrupt, trailing garbage) keeps its
   complete lines before the break; one UNREADABLE_FILE row (raw null) stands for the rest,
   whose lines cannot be counted. A Parquet file Spark or pyarrow cannot open is one
@@ -26,6 +27,17 @@ Accounting, precisely:
   ``*.parquet`` are data. ``_SUCCESS`` is the completion marker. Everything else
   (sub-folders, hidden or ``_``-prefixed files, other extensions) is not read and is
   listed in ``SnapshotFiles.other_files`` so the asset can show it.
+
+Where the work runs: the driver lists the folder (names, sizes) and reads Parquet footers
+(to group files by schema and find unreadable ones); nothing else of a file passes through
+it. JSONL and Parquet files are read by Spark. Gzip files are read in Spark's Python
+workers, one task per file (``_gzip_lines``: ``mapInArrow`` over ``pipelines/gzip_lines.py``,
+shipped by value): each task streams its file through zlib once, yielding its lines and,
+when the stream breaks, the row for the lost rest (so a broken file never fails the job,
+as it would with Spark's own gzip reader). This used to be a check of every gzip file on
+the driver before Spark read it again, and a broken file's lines gathered in the driver's
+memory: the driver's memory and one machine's I/O bounded the snapshot, and whole files
+were decompressed twice.
 
 Known limits: a Parquet file with a readable footer but corrupt data pages fails the
 Spark job (loudly, never silently); Spark's JSON parser ignores text after the closing
@@ -36,11 +48,9 @@ object with a repeated field name keeps the last value (as Spark and Python's js
 from __future__ import annotations
 
 import re
-import zlib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
 from functools import reduce
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -48,6 +58,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.gzip_lines import BLANK, gzip_file_batches
 from resources.filesystem import Location
 from schemas.raw import (
     FORBIDDEN_BY_KIND,
@@ -77,12 +88,8 @@ LINES_SCHEMA = T.StructType(
 _LINES_ARROW = pa.schema(
     [pa.field("source_file", pa.string(), nullable=False), pa.field("raw", pa.string()), pa.field("read_error", pa.string())]
 )
-_CHUNK = 1 << 20
-_GZIP_WBITS = 31  # zlib with a gzip header and trailer
-# What a blank line may hold, on the Spark side (btrim) and in Python (_BLANK) alike.
-_BLANK_CHARS = " \t\n\x0b\f\r"
-_BLANK = re.compile(rb"[ \t\n\x0b\f\r]*")
-_UTF8_BOM = b"\xef\xbb\xbf"
+# What a blank line may hold, on the Spark side (btrim) as in the gzip reader.
+_BLANK_CHARS = BLANK.decode("ascii")
 _GLOB_CHARS = re.compile(r"([\\{}\[\]*?])")
 
 # Spark's JSON parser is lenient by default; a message is strict JSON.
@@ -154,65 +161,34 @@ def _source_file_name(frame: DataFrame) -> Column:
     return F.url_decode(F.replace(encoded, F.lit("+"), F.lit("%2B")))
 
 
-def _gunzip(path: str, sink) -> str | None:
-    """Stream-decompress a gzip file into ``sink``; None when it is whole, else where and why it broke."""
-    decompressor = zlib.decompressobj(_GZIP_WBITS)
-    in_member = False
-    read = 0
-    produced = 0
-    try:
-        with Location.of(path).open() as fh:
-            while chunk := fh.read(_CHUNK):
-                read += len(chunk)
-                pending = chunk
-                while pending:
-                    in_member = True
-                    out = decompressor.decompress(pending)
-                    produced += len(out)
-                    sink(out)
-                    if decompressor.eof:
-                        # Concatenated gzip members are one valid stream.
-                        pending = decompressor.unused_data
-                        decompressor = zlib.decompressobj(_GZIP_WBITS)
-                        in_member = False
-                    else:
-                        pending = b""
-    except (OSError, zlib.error) as exc:
-        return f"gzip stream broke after {produced} decompressed bytes (near compressed byte {read}): {exc}"
-    if in_member:
-        return f"gzip stream truncated after {produced} decompressed bytes ({read} compressed bytes)"
-    return None
+def _gzip_lines(spark: SparkSession, folder: str, files: list[SnapshotFile]) -> DataFrame:
+    """The rows of gzip files, decompressed and checked on the executors: one task per file.
 
-
-def _gzip_problem(path: str) -> str | None:
-    return _gunzip(path, lambda _out: None)
-
-
-def _salvage_gzip(file: SnapshotFile, problem: str) -> list[tuple[str, str | None, str | None]]:
-    """The complete non-blank lines before a gzip file's break, and one row for what is lost.
-
-    Lines are split exactly as ``_text_lines`` reads them (see the module docstring), so a
-    file counts the same rows whether it breaks or not.
+    The driver only hands out names and paths (and the pyarrow filesystem that reaches them,
+    which pickles); each task streams its file through ``pipelines.gzip_lines``, shipped by
+    value. A broken file yields its complete lines and one row for the rest, where Spark's
+    own gzip reader would fail the whole job.
     """
-    data = bytearray()
-    _gunzip(file.path, data.extend)
-    # bytes.splitlines would also end a line at a lone CR: Spark's reader, told LF, does not.
-    pieces = bytes(data).removeprefix(_UTF8_BOM).split(b"\n")
-    tail = pieces.pop()  # after the last LF: an incomplete line, or b""
-    rows: list[tuple[str, str | None, str | None]] = [
-        (file.name, piece.removesuffix(b"\r").decode("utf-8", errors="replace"), None)
-        for piece in pieces
-        if not _BLANK.fullmatch(piece)
-    ]
-    rows.append(
-        (
-            file.name,
-            None,
-            f"{problem}; {len(rows)} complete lines before the break were read, "
-            f"an incomplete last line of {len(tail)} bytes and everything after it are lost",
-        )
+    location = Location.of(folder)
+    fs = location.fs
+    tasks = [(location.child(f.name).path, f.name) for f in files]
+
+    def read(batches):
+        for batch in batches:
+            for task in batch.column("id").to_pylist():
+                yield from gzip_file_batches(fs, *tasks[task])
+
+    schema = T.StructType(
+        [
+            T.StructField("source_file", T.StringType(), nullable=False),
+            T.StructField("raw", T.BinaryType()),
+            T.StructField("read_error", T.StringType()),
+        ]
     )
-    return rows
+    # range gives each task exactly one id (no shuffle, nothing for adaptive execution to merge).
+    rows = spark.range(0, len(tasks), 1, numPartitions=len(tasks)).mapInArrow(read, schema)
+    # Binary to string keeps the bytes, invalid UTF-8 included, as Spark's text reader does.
+    return rows.select("source_file", F.col("raw").cast(T.StringType()).alias("raw"), "read_error")
 
 
 def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
@@ -269,29 +245,20 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile]) -> list[DataFr
 def read_snapshot_lines(spark: SparkSession, folder: str) -> DataFrame:
     """Every message of the snapshot folder as text: ``(source_file, raw, read_error)``, LINES_SCHEMA.
 
-    Blank lines are skipped (they are not rows). Spark reads the JSONL, gzip and Parquet files itself. Each gzip file is first checked
-    whole in Python (Spark would fail the whole job on a broken one); a broken file's
-    complete lines are read in Python instead, plus one UNREADABLE_FILE row.
+    Blank lines are skipped (they are not rows). Spark reads the JSONL and Parquet files
+    itself; gzip files are decompressed, checked and split into lines on the executors
+    (``_gzip_lines``), a broken one giving its complete lines plus one UNREADABLE_FILE row.
+    The driver reads file names, sizes and Parquet footers only.
     """
     files = list_snapshot_files(folder).data_files
     frames: list[DataFrame] = []
-    python_rows: list[tuple[str, str | None, str | None]] = []
-
     text_files = [f for f in files if f.format == "jsonl"]
-    gzip_files = [f for f in files if f.format == "jsonl.gz" and f.size > 0]
-    with ThreadPoolExecutor(max_workers=max(1, min(4, len(gzip_files)))) as pool:
-        problems = list(pool.map(lambda f: _gzip_problem(f.path), gzip_files))
-    for file, problem in zip(gzip_files, problems):
-        if problem is None:
-            text_files.append(file)
-        else:
-            python_rows.extend(_salvage_gzip(file, problem))
-
     if text_files:
-        frames.append(_text_lines(spark, sorted(text_files, key=lambda f: f.name)))
+        frames.append(_text_lines(spark, text_files))
+    gzip_files = [f for f in files if f.format == "jsonl.gz" and f.size > 0]
+    if gzip_files:
+        frames.append(_gzip_lines(spark, folder, gzip_files))
     frames.extend(_parquet_rows(spark, [f for f in files if f.format == "parquet"]))
-    if python_rows:
-        frames.append(_local_lines(spark, python_rows))
     if not frames:
         return _local_lines(spark, [])
     return reduce(DataFrame.unionByName, frames)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.ingest import (
@@ -496,3 +497,93 @@ def test_shared_example_ingests_without_quarantine(spark):
     assert validation_errors(RawTopicSnapshots, result["accepted_df"]) == []
     # A quarantine known to be empty (no Spark job for it) counts as an empty quarantine table.
     assert accounting_from_tables(result["accepted_df"], None) == result["counts"]
+
+
+# --- gzip files are read on the executors ------------------------------------------------
+
+
+def test_gzip_files_are_never_decompressed_on_the_driver(spark, tmp_path, monkeypatch):
+    """A whole, a truncated and a corrupt gzip file give their rows with zlib unusable on the driver.
+
+    Bug caught: the driver decompressing gzip files (it used to check every one whole, and
+    gather a broken one's complete lines into its own memory). Spark's Python workers are
+    processes of their own, so a zlib broken in this process only fails work done here.
+    """
+    whole = gzip.compress(jsonl(GZIP_GOOD).encode())
+    cut, complete_lines = truncated_gzip(TRUNCATED_ROWS)
+    corrupt_rows = [put(600 + i, replica="dc-f", key=f"c{i}") for i in range(5)]
+    # Two gzip members, the second with a wrong CRC-32: the first member's lines are kept.
+    second = bytearray(gzip.compress(jsonl([put(700, replica="dc-f")]).encode()))
+    second[-8] ^= 0xFF
+    corrupt = gzip.compress(jsonl(corrupt_rows).encode()) + bytes(second)
+    folder = write_snapshot(
+        tmp_path / "gz", {"c.jsonl.gz": whole, "d.jsonl.gz": cut, "f.jsonl.gz": corrupt}
+    )
+
+    def no_zlib_here(*_args, **_kwargs):
+        raise AssertionError("gzip data decompressed in the driver process")
+
+    monkeypatch.setattr(zlib, "decompressobj", no_zlib_here)
+    monkeypatch.setattr(zlib, "decompress", no_zlib_here)
+    result = ingest(spark, folder)
+
+    assert_accounted(result, len(GZIP_GOOD) + complete_lines + 1 + len(corrupt_rows) + 1)
+    by_file: dict[str, list] = {}
+    for row in result["accepted"]:
+        by_file.setdefault(row["source_file"], []).append(row["offset"])
+    assert {name: sorted(offsets) for name, offsets in by_file.items()} == {
+        "c.jsonl.gz": [r["offset"] for r in GZIP_GOOD],
+        "d.jsonl.gz": [200 + i for i in range(complete_lines)],
+        "f.jsonl.gz": [r["offset"] for r in corrupt_rows],
+    }
+    lost = {q["source_file"]: q for q in result["quarantined"]}
+    assert sorted(lost) == ["d.jsonl.gz", "f.jsonl.gz"]
+    assert all((q["reason"], q["raw"], q["replica"]) == ("UNREADABLE_FILE", None, None) for q in lost.values())
+    assert lost["d.jsonl.gz"]["detail"].startswith("gzip stream truncated after ")
+    assert f"; {complete_lines} complete lines before the break were read" in lost["d.jsonl.gz"]["detail"]
+    assert lost["f.jsonl.gz"]["detail"].startswith("gzip stream broke after ")
+    assert "incorrect data check" in lost["f.jsonl.gz"]["detail"]
+    assert f"; {len(corrupt_rows)} complete lines before the break were read, an incomplete last line of 0 bytes" in (
+        lost["f.jsonl.gz"]["detail"]
+    )
+
+
+def test_a_gzip_line_keeps_its_bytes_whether_the_file_breaks_or_not(spark, tmp_path):
+    """A line holding invalid UTF-8 reads byte for byte alike from a JSONL file, a whole gzip and a broken gzip.
+
+    Bug caught: the salvage of a broken gzip file decoding lines with U+FFFD for invalid
+    bytes, so a line's text (and its verdict) depended on whether the file broke later on.
+    """
+    line = b'{"replica": "dc-a", "key": "\xff\xfe"}'
+    data = line + b"\r\n" + json.dumps(put(1)).encode() + b"\n"
+    folder = write_snapshot(
+        tmp_path / "bytes",
+        {"a.jsonl": data, "b.jsonl.gz": gzip.compress(data), "c.jsonl.gz": gzip.compress(data)[:-4]},
+    )
+    lines = read_snapshot_lines(spark, str(folder)).where("raw IS NOT NULL")
+    got = sorted(tuple(r) for r in lines.select("source_file", F.hex("raw")).collect())
+    other = data[len(line) + 2 : -1]
+    names = ("a.jsonl", "b.jsonl.gz", "c.jsonl.gz")
+    expected = sorted((name, piece.hex().upper()) for name in names for piece in (line, other))
+    assert got == expected
+
+
+def test_gzip_lines_cross_chunk_and_member_boundaries(tmp_path, monkeypatch):
+    """A BOM and lines split across decompressed chunks and concatenated gzip members read as one stream.
+
+    Bug caught: the streaming line splitter losing or doubling the bytes of a line that
+    straddles two chunks, or dropping a BOM only when it arrives whole in the first chunk.
+    """
+    from pyarrow import fs as pafs
+
+    import pipelines.gzip_lines as gz
+
+    monkeypatch.setattr(gz, "_CHUNK", 3)
+    text = b'\xef\xbb\xbf{"a": 1}\r\n \t\n{"b":\r2}\n\n{"c": 3}'
+    members = [text[:1], text[1:5], text[5:17], text[17:]]
+    path = tmp_path / "x.jsonl.gz"
+    path.write_bytes(b"".join(gzip.compress(m) for m in members))
+    rows = [r for b in gz.gzip_file_batches(pafs.LocalFileSystem(), str(path), "x.jsonl.gz") for r in b.to_pylist()]
+    assert [r["raw"] for r in rows] == [b'{"a": 1}', b'{"b":\r2}', b'{"c": 3}']
+    assert {r["read_error"] for r in rows} == {None}
+    assert {r["source_file"] for r in rows} == {"x.jsonl.gz"}

@@ -2,8 +2,9 @@
 
 The object-storage cases run against an S3-compatible server (moto) started on loopback:
 Spark cannot read or write S3 here (no hadoop-aws jars), but the landing zone's listing,
-markers, Parquet footers and gzip check, and the embedded Delta commit of staged files, go
-through ``resources/filesystem.py`` and delta-rs, and are tested on it.
+markers, Parquet footers and gzip files (these read in Spark's Python workers), and the
+embedded Delta commit of staged files, go through ``resources/filesystem.py`` and delta-rs,
+and are tested on it.
 """
 from __future__ import annotations
 
@@ -123,20 +124,43 @@ def test_a_landing_on_s3_is_listed_through_the_filesystem_layer(s3_options, monk
 
 
 def test_gzip_and_parquet_footers_are_read_through_the_layer(s3_options, monkeypatch):
-    """Catches the gzip check and the Parquet footer read opening a URI with ``open``: every file looked broken."""
-    from pipelines import ingest
+    """Catches the gzip reader opening a URI with ``open``: every file looked broken."""
+    from pipelines.gzip_lines import gzip_file_batches
 
     monkeypatch.setenv(STORAGE_OPTIONS_ENV, json.dumps(s3_options))
     fs = _s3(s3_options)
     whole = gzip.compress(b'{"a": 1}\n' * 50)
     _put(fs, "landing/gz/whole.jsonl.gz", whole)
     _put(fs, "landing/gz/cut.jsonl.gz", whole[: len(whole) // 2])
-    assert ingest._gzip_problem("s3a://landing/gz/whole.jsonl.gz") is None  # noqa: SLF001
-    assert "truncated" in ingest._gzip_problem("s3a://landing/gz/cut.jsonl.gz")  # noqa: SLF001
 
     location = Location.of("s3://landing/gz")
     assert location.uri == "s3a://landing/gz" and location.is_dir()
     assert [e.name for e in location.list()] == ["cut.jsonl.gz", "whole.jsonl.gz"]
+
+    def rows(name: str) -> list[tuple]:
+        batches = gzip_file_batches(location.fs, location.child(name).path, name)
+        return [(r["raw"], r["read_error"]) for b in batches for r in b.to_pylist()]
+
+    assert rows("whole.jsonl.gz") == [(b'{"a": 1}', None)] * 50
+    *kept, (raw, lost) = rows("cut.jsonl.gz")
+    assert raw is None and "truncated" in lost and f"; {len(kept)} complete lines" in lost
+
+
+def test_a_gzip_snapshot_on_s3_is_read_on_the_executors(s3_options, monkeypatch, spark):
+    """Catches the executors reaching a gzip file on object storage otherwise than the driver
+    lists it (a path without its filesystem, or the driver's storage options left behind):
+    Spark itself cannot read S3 here, the Python workers read through the pickled pyarrow
+    filesystem."""
+    monkeypatch.setenv(STORAGE_OPTIONS_ENV, json.dumps(s3_options))
+    fs = _s3(s3_options)
+    line = (json.dumps(ROW) + "\n").encode()
+    _put(fs, "landing/gz-snap/a.jsonl.gz", gzip.compress(line * 3))
+    _put(fs, "landing/gz-snap/b.jsonl.gz", gzip.compress(line * 4)[:-4])
+    got = read_snapshot_lines(spark, "s3a://landing/gz-snap").collect()
+    assert sorted((r["source_file"], r["raw"] or "", r["read_error"] is None) for r in got) == sorted(
+        [("a.jsonl.gz", json.dumps(ROW), True)] * 3 + [("b.jsonl.gz", json.dumps(ROW), True)] * 4
+        + [("b.jsonl.gz", "", False)]
+    )
 
 
 def test_a_file_uri_landing_reads_the_same_rows_as_its_path(tmp_path, spark):
