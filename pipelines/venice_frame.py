@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 import pipelines.venice as venice
+import pipelines.venice_protocol as venice_protocol
 from schemas.raw import MESSAGE_FIELDS
 
 OUTPUT_SCHEMA = T.StructType(
@@ -22,6 +23,8 @@ OUTPUT_SCHEMA = T.StructType(
     + [T.StructField("outcome", T.StringType(), False), T.StructField("reason", T.StringType(), True)]
 )
 
+# Shipped by value: the executors need not have the project installed (as pipelines/leapfrog.py).
+cloudpickle.register_pickle_by_value(venice_protocol)
 cloudpickle.register_pickle_by_value(venice)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -36,7 +39,6 @@ def _timestamp_ms(ts) -> int:
 
 
 def decode_venice_frame(df: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int) -> DataFrame:
-    schemas = venice.schema_json()
     regions = dict(cluster_regions)
     u = int(clock_uncertainty_ms)
     names = list(MESSAGE_FIELDS)
@@ -47,7 +49,6 @@ def decode_venice_frame(df: DataFrame, cluster_regions: dict[int, str], clock_un
     )
 
     def run(batches):
-        venice.install_schemas(schemas)
         for batch in batches:
             cols = {n: [] for n in names + ["outcome", "reason"]}
             for r in batch.to_pylist():
