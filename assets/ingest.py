@@ -4,7 +4,14 @@ import dagster as dg
 
 from assets.partitions import snapshot_partitions
 from assets.tables import StepTables, schema_check_spec
-from pipelines.ingest import accounting_from_tables, judge_rows, list_snapshot_files, read_snapshot_lines
+from pipelines.ingest import (
+    VeniceSettings,
+    accounting_from_tables,
+    judge_rows,
+    list_snapshot_files,
+    read_snapshot_lines,
+)
+from pipelines.venice_frame import unknown_cluster_id_in
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource
@@ -40,10 +47,23 @@ def raw_topic_snapshots(
     session = spark.spark_session
     folder = landing.require_complete(snapshot_id)
     files = list_snapshot_files(folder)
-    judgement = judge_rows(read_snapshot_lines(session, folder), snapshot_id)
+    # Raw Venice records, if the snapshot holds any: cluster id -> region from the landing resource.
+    venice = VeniceSettings(landing.cluster_region_map(), landing.venice_clock_uncertainty_ms)
+    judgement = judge_rows(read_snapshot_lines(session, folder, venice), snapshot_id)
 
     tables = StepTables(session, store, snapshot_id)
-    tables.stage(judgement.accepted, "raw_topic_snapshots")
+    try:
+        tables.stage(judgement.accepted, "raw_topic_snapshots")
+    except Exception as exc:
+        # A raw Venice record from a cluster the map does not name: the Spark job failed, nothing
+        # is committed. Say so plainly instead of with the executor's traceback.
+        unknown = unknown_cluster_id_in(exc)
+        if unknown is None:
+            raise
+        raise dg.Failure(
+            description=f"{unknown}: name every upstream cluster with --cluster-regions, the landing resource's "
+            "cluster_regions or REPLICA_LENS_CLUSTER_REGIONS (e.g. 0=dc-a,1=dc-b); no table was written"
+        ) from None
     # Known empty from the accepted pass when no row was bad: then it costs no second pass
     # (and no Spark job at all).
     quarantine_empty = judgement.quarantine_is_empty()
@@ -53,14 +73,17 @@ def raw_topic_snapshots(
         tables.stage(judgement.quarantined, "raw_topic_quarantine")
     # Counted on the staged tables (two narrow columns each): no extra pass over the landing files.
     counts = accounting_from_tables(
-        tables.frame("raw_topic_snapshots"), None if quarantine_empty else tables.frame("raw_topic_quarantine")
+        tables.frame("raw_topic_snapshots"),
+        None if quarantine_empty else tables.frame("raw_topic_quarantine"),
+        judgement.skipped_by_reason(),
     )
     context.log.info(
-        "snapshot %s: %s rows read = %s accepted + %s quarantined",
+        "snapshot %s: %s rows read = %s accepted + %s quarantined + %s skipped",
         snapshot_id,
         counts["rows_read"],
         counts["rows_accepted"],
         counts["rows_quarantined"],
+        counts["rows_skipped"],
     )
     tables.add_metadata(
         "raw_topic_snapshots",
@@ -68,6 +91,8 @@ def raw_topic_snapshots(
             "rows_read": counts["rows_read"],
             "rows_accepted": counts["rows_accepted"],
             "rows_quarantined": counts["rows_quarantined"],
+            "rows_skipped": counts["rows_skipped"],
+            "skipped_by_reason": dg.MetadataValue.json(counts["skipped_by_reason"]),
             "duplicates_collapsed": counts["rows_accepted"] - counts["rows_stored"],
             "files_read": len(files.data_files),
             "files_not_read": dg.MetadataValue.json(files.other_files),

@@ -10,6 +10,17 @@ Accounting, precisely:
 
     rows_read = non-blank JSONL lines + Parquet rows + one per unreadable file (or unreadable tail)
               = rows_accepted (sum of ``copies``) + rows_quarantined (rows of the quarantine)
+                + rows_skipped (raw Venice records skipped by rule, counted only)
+
+Raw Venice records: a Parquet file whose footer has the columns of Spark's Kafka source
+(``key`` and ``value`` binary, ``topic``, ``partition``, ``offset``, ``timestamp``) plus
+``region`` is decoded on the executors (``pipelines.venice_frame.venice_lines``): a record
+that decodes to a SPEC 1 message becomes that message's JSON text and is judged like any
+other row; one the decoder quarantines carries its reason (``decoded_reason``) into the
+quarantine; one it skips by rule (``schemas.raw.SKIP_REASONS``) is dropped before judging
+and counted by an observation of the accepted pass (``Judgement.skipped_by_reason``). An
+upstream cluster id missing from the cluster -> region map fails the Spark job, so nothing
+of the step is published.
 
 - A JSONL line ends at LF and only there; one CR before the LF is part of a CRLF ending.
   A UTF-8 byte order mark opening a file is dropped (Hadoop's line reader does so). A line
@@ -60,7 +71,9 @@ from pyspark.sql import types as T
 
 from pipelines.gzip_lines import BLANK, gzip_file_batches
 from resources.filesystem import Location
+from pipelines.venice_frame import REASON_DETAIL, venice_lines
 from schemas.raw import (
+    SKIP_REASONS,
     FORBIDDEN_BY_KIND,
     KINDS,
     MESSAGE_FIELDS,
@@ -74,19 +87,44 @@ from schemas.raw import (
 SUCCESS_MARKER = "_SUCCESS"
 FORMATS = ("jsonl.gz", "jsonl", "parquet")  # longest suffix first: "x.jsonl.gz" is not "jsonl"
 UNKNOWN_REPLICA = "<unknown>"
+# The columns (from the Parquet footer) that make a file raw Venice records: Spark's Kafka
+# source (timestampType and headers may be there too; they are not used) plus region.
+VENICE_COLUMNS = {"key": pa.binary(), "value": pa.binary(), "topic": None, "partition": None, "offset": None,
+                  "timestamp": None, "region": None}
+
+
+def is_venice_schema(schema: pa.Schema) -> bool:
+    """Whether a Parquet footer's schema is that of raw Venice records (``VENICE_COLUMNS``)."""
+    names = set(schema.names)
+    if not set(VENICE_COLUMNS) <= names:
+        return False
+    return all(t is None or pa.types.is_binary(schema.field(n).type) or pa.types.is_large_binary(schema.field(n).type)
+               for n, t in VENICE_COLUMNS.items())
+
+
+@dataclass(frozen=True)
+class VeniceSettings:
+    """How raw Venice records are decoded: cluster id -> region, and a heartbeat's clock half-width."""
+
+    cluster_regions: dict[int, str] = field(default_factory=dict)
+    clock_uncertainty_ms: int = 0
+
 
 # What read_snapshot_lines returns. read_error is set only on the one row standing for an
-# unreadable file (or the unreadable rest of one); raw is then null.
+# unreadable file (or the unreadable rest of one); raw is then null. decoded_reason is set
+# only on raw Venice records the decoder skipped or quarantined.
 LINES_SCHEMA = T.StructType(
     [
         T.StructField("source_file", T.StringType(), nullable=False),
         T.StructField("raw", T.StringType(), nullable=True),
         T.StructField("read_error", T.StringType(), nullable=True),
+        T.StructField("decoded_reason", T.StringType(), nullable=True),
     ]
 )
 
 _LINES_ARROW = pa.schema(
-    [pa.field("source_file", pa.string(), nullable=False), pa.field("raw", pa.string()), pa.field("read_error", pa.string())]
+    [pa.field("source_file", pa.string(), nullable=False), pa.field("raw", pa.string()), pa.field("read_error", pa.string()),
+     pa.field("decoded_reason", pa.string())]
 )
 # What a blank line may hold, on the Spark side (btrim) as in the gzip reader.
 _BLANK_CHARS = BLANK.decode("ascii")
@@ -144,7 +182,7 @@ def list_snapshot_files(folder: str) -> SnapshotFiles:
 
 def _local_lines(spark: SparkSession, rows: list[tuple[str, str | None, str | None]]) -> DataFrame:
     """A small LINES_SCHEMA frame made on the driver (through Arrow: a local relation, no Python workers)."""
-    columns = list(zip(*rows)) if rows else [[], [], []]
+    columns = [*zip(*rows), [None] * len(rows)] if rows else [[], [], [], []]
     return spark.createDataFrame(pa.table([list(c) for c in columns], schema=_LINES_ARROW))
 
 
@@ -208,9 +246,13 @@ def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
     return lines.where(F.btrim(F.col("raw"), F.lit(_BLANK_CHARS)) != F.lit(""))
 
 
-def _parquet_rows(spark: SparkSession, files: list[SnapshotFile]) -> list[DataFrame]:
-    """One frame per group of Parquet files with identical schema, plus rows for unreadable ones."""
+def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: VeniceSettings) -> list[DataFrame]:
+    """One frame per group of Parquet files with identical schema, plus rows for unreadable ones.
+
+    A group whose schema is raw Venice records (``is_venice_schema``) is decoded (``venice_lines``).
+    """
     groups: dict[str, list[SnapshotFile]] = {}
+    venice_keys: set[str] = set()
     unreadable: list[tuple[str, str | None, str | None]] = []
     for file in files:
         try:
@@ -221,13 +263,19 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile]) -> list[DataFr
             continue
         key = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
         groups.setdefault(key, []).append(file)
+        if is_venice_schema(schema):
+            venice_keys.add(key)
 
     frames: list[DataFrame] = []
-    for group in groups.values():
+    for key, group in groups.items():
         try:
             table = spark.read.parquet(*[_spark_path(f.path) for f in group])
         except Exception as exc:  # noqa: BLE001 - Spark resolves the schema eagerly and may refuse its types
             unreadable.extend((f.name, None, f"Spark cannot read this Parquet schema: {exc}") for f in group)
+            continue
+        if key in venice_keys:
+            records = table.select("*", _source_file_name(table).alias("source_file"))
+            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms))
             continue
         columns = [F.col("`" + name.replace("`", "``") + "`") for name in table.columns]
         frames.append(
@@ -242,8 +290,11 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile]) -> list[DataFr
     return frames
 
 
-def read_snapshot_lines(spark: SparkSession, folder: str) -> DataFrame:
-    """Every message of the snapshot folder as text: ``(source_file, raw, read_error)``, LINES_SCHEMA.
+def read_snapshot_lines(spark: SparkSession, folder: str, venice: VeniceSettings | None = None) -> DataFrame:
+    """Every message of the snapshot folder as text: ``(source_file, raw, read_error, decoded_reason)``.
+
+    ``decoded_reason`` is null but for raw Venice records the decoder skipped or quarantined
+    (the reason). ``venice`` says how to decode raw Venice records.
 
     Blank lines are skipped (they are not rows). Spark reads the JSONL and Parquet files
     itself; gzip files are decompressed, checked and split into lines on the executors
@@ -258,9 +309,11 @@ def read_snapshot_lines(spark: SparkSession, folder: str) -> DataFrame:
     gzip_files = [f for f in files if f.format == "jsonl.gz" and f.size > 0]
     if gzip_files:
         frames.append(_gzip_lines(spark, folder, gzip_files))
-    frames.extend(_parquet_rows(spark, [f for f in files if f.format == "parquet"]))
+    frames.extend(_parquet_rows(spark, [f for f in files if f.format == "parquet"], venice or VeniceSettings()))
     if not frames:
-        return _local_lines(spark, [])
+        frames.append(_local_lines(spark, []))
+    frames = [f if "decoded_reason" in f.columns else f.withColumn("decoded_reason", F.lit(None).cast(T.StringType()))
+              for f in frames]
     return reduce(DataFrame.unionByName, frames)
 
 
@@ -372,6 +425,7 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
             "source_file",
             "raw",
             "read_error",
+            "decoded_reason",
             F.from_json(raw, _MESSAGE_STRUCT, _JSON_OPTIONS).alias("typed"),
             wrapped.alias("wrapped"),
         )
@@ -387,6 +441,7 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
             "source_file",
             "raw",
             "read_error",
+            "decoded_reason",
             "typed",
             "all_fields",
             *_field_flags(fields, typed),
@@ -400,6 +455,7 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
         "source_file",
         "raw",
         "read_error",
+        "decoded_reason",
         "typed",
         "all_fields",
         "has_extra_fields",
@@ -409,15 +465,23 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
 
     unreadable = F.col("read_error").isNotNull()
     malformed = F.col("all_fields").isNull()
-    reason = F.when(unreadable, F.lit("UNREADABLE_FILE")).when(malformed, F.lit("MALFORMED_JSON"))
+    # A raw Venice record the decoder quarantined: its reason first (raw is then the Kafka record).
+    decoded = F.col("decoded_reason").isNotNull()
+    reason = (
+        F.when(decoded, F.col("decoded_reason"))
+        .when(unreadable, F.lit("UNREADABLE_FILE"))
+        .when(malformed, F.lit("MALFORMED_JSON"))
+    )
     for code in listed:
         reason = reason.when(F.col(f"problems_{code}") != F.lit(""), F.lit(code))
     found = [
         F.when(F.col(f"problems_{code}") != F.lit(""), F.concat(F.lit(code + ": "), F.col(f"problems_{code}")))
         for code in listed
     ]
+    decoded_detail = F.create_map(*[F.lit(x) for kv in REASON_DETAIL.items() for x in kv])[F.col("decoded_reason")]
     detail = (
-        F.when(unreadable, F.col("read_error"))
+        F.when(decoded, F.coalesce(decoded_detail, F.col("decoded_reason")))
+        .when(unreadable, F.col("read_error"))
         .when(malformed, F.lit("not a single JSON object (invalid JSON, another JSON value, or several on one line)"))
         .otherwise(F.concat_ws("; ", *found))
     )
@@ -457,6 +521,13 @@ class Judgement:
     build_quarantined: Callable[[], DataFrame]
     own_problems: Observation
     conflicts: Observation
+    skipped: Observation | None = None  # raw Venice records skipped by rule, per SKIP_REASONS
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        """Rows skipped by rule, per reason (only those seen); call it after ``accepted`` has been computed."""
+        if self.skipped is None:
+            return {}
+        return {r: int(n) for r, n in sorted(self.skipped.get.items()) if int(n or 0) > 0}
 
     @property
     def quarantined(self) -> DataFrame:
@@ -495,11 +566,24 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     file first). Nothing is kept in between: the text of a line is needed only for the
     quarantine, which is usually empty and then costs nothing (``Judgement.quarantine``).
     """
-    checked = _checked_rows(lines, snapshot_id)
+    if "decoded_reason" not in lines.columns:
+        lines = lines.withColumn("decoded_reason", F.lit(None).cast(T.StringType()))
+    # Raw Venice records skipped by rule are dropped here, counted by the accepted pass. The
+    # quarantine pass reads the lines without the observation (an Observation serves one job).
+    skip = F.coalesce(F.col("decoded_reason").isin(list(SKIP_REASONS)), F.lit(False))
+    skipped = Observation()
+    observed_lines = lines.observe(
+        skipped, *[F.count_if(F.col("decoded_reason") == F.lit(r)).alias(r) for r in SKIP_REASONS]
+    )
+
+    def judged_rows(frame: DataFrame) -> DataFrame:
+        checked = _checked_rows(frame.where(~skip), snapshot_id)
+        return checked.select(*comparable, "source_file", "raw", "raw_replica", "reason", "detail")
+
     content_names = ["snapshot_id", *MESSAGE_FIELDS, "extra_fields"]
     maps = {n for n in content_names if n == "extra_fields" or isinstance(MESSAGE_FIELDS.get(n), T.MapType)}
     comparable = [_sorted_entries(n).alias(n) if n in maps else F.col(n) for n in content_names]
-    judged = checked.select(*comparable, "source_file", "raw", "raw_replica", "reason", "detail")
+    judged = judged_rows(lines)
     candidate = F.col("reason").isNull()
     own_problems = Observation()
     conflicts = Observation()
@@ -534,7 +618,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
             .alias("copies"),
         ).where(F.col("nth") == 1)
 
-    observed = judged.observe(own_problems, F.count_if(~candidate).alias("rows"))
+    observed = judged_rows(observed_lines).observe(own_problems, F.count_if(~candidate).alias("rows"))
     compared = compare_candidates(observed).observe(conflicts, F.count_if(F.col("conflicting")).alias("rows"))
     accepted_struct = RawTopicSnapshots.to_structtype()
     # The first copy in file order carries the smallest file name.
@@ -574,14 +658,22 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         )
 
     return Judgement(
-        accepted=accepted, build_quarantined=build_quarantined, own_problems=own_problems, conflicts=conflicts
+        accepted=accepted,
+        build_quarantined=build_quarantined,
+        own_problems=own_problems,
+        conflicts=conflicts,
+        skipped=skipped,
     )
 
 
-def accounting_from_tables(accepted_df: DataFrame, quarantined_df: DataFrame | None) -> dict:
+def accounting_from_tables(
+    accepted_df: DataFrame, quarantined_df: DataFrame | None, skipped_by_reason: dict[str, int] | None = None
+) -> dict:
     """Row accounting of one snapshot from its accepted and quarantined tables: one aggregation each.
 
-    rows_read = rows_accepted (sum of copies) + rows_quarantined; rows_stored counts the
+    rows_read = rows_accepted (sum of copies) + rows_quarantined + rows_skipped (raw Venice
+    records skipped by rule, ``Judgement.skipped_by_reason``: counted, stored nowhere, so not
+    split per replica: ``by_replica`` counts accepted and quarantined rows); rows_stored counts the
     accepted table's rows (exact duplicates stored once). Per replica the same split; a
     quarantined row counts under the replica it names, or "<unknown>". ``quarantined_df``
     None: the quarantine is known to be empty (no Spark job for it; in a fresh JVM even an
@@ -618,8 +710,12 @@ def accounting_from_tables(accepted_df: DataFrame, quarantined_df: DataFrame | N
 
     rows_accepted = sum(c["accepted"] for c in by_replica.values())
     rows_quarantined = sum(by_reason.values())
+    skipped = {r: int(n) for r, n in sorted((skipped_by_reason or {}).items())}
+    rows_skipped = sum(skipped.values())
     return {
-        "rows_read": rows_accepted + rows_quarantined,
+        "rows_read": rows_accepted + rows_quarantined + rows_skipped,
+        "rows_skipped": rows_skipped,
+        "skipped_by_reason": skipped,
         "rows_accepted": rows_accepted,
         "rows_stored": sum(c["stored"] for c in by_replica.values()),
         "rows_quarantined": rows_quarantined,

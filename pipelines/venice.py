@@ -19,8 +19,8 @@ Wire format (verified in linkedin/venice at 77ea837f, files under internal/venic
   ``AvroProtocolDefinition.KAFKA_MESSAGE_ENVELOPE(23, 14, ...)``): magic byte 23, one
   protocol-version byte, then the Avro binary KafkaMessageEnvelope written with that
   version's schema.
-- Supported protocol versions: 10 and 14 (schemas/venice/*.avsc, copied verbatim, see
-  schemas/venice/README.md). v10's LeaderMetadata has hostName, upstreamOffset,
+- Supported protocol versions: 10 and 14, their envelope schemas written in this project
+  (``pipelines/venice_protocol.py``). v10's LeaderMetadata has hostName, upstreamOffset,
   upstreamKafkaClusterId; v14 adds upstreamPubSubPosition, termId, upstreamMessageTimestamp.
   Any other version byte -> quarantined UNKNOWN_PROTOCOL_VERSION.
 - messageType (envelope): 0 PUT, 1 DELETE, 2 CONTROL_MESSAGE, 3 UPDATE (MessageType.java);
@@ -62,17 +62,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import json
 import uuid
-from functools import lru_cache
-from pathlib import Path
 from typing import NamedTuple
 
 import fastavro
 
+from pipelines.venice_protocol import SUPPORTED_VERSIONS, envelope_schema_dict
+
 MAGIC_BYTE = 23
 CURRENT_PROTOCOL_VERSION = 14
-SUPPORTED_VERSIONS = (10, 14)
 KEY_HEADER_PUT = 0  # PUT and DELETE
 KEY_HEADER_CONTROL = 2
 KEY_HEADER_UPDATE = 4
@@ -84,9 +82,6 @@ CM_START_OF_PUSH, CM_START_OF_SEGMENT = 0, 2
 HEARTBEAT_GUID = uuid.UUID(bytes=hashlib.md5(b"heartbeatControlMessage").digest(), version=3).bytes
 HEARTBEAT_KEY_BYTES = HEARTBEAT_GUID + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
 
-_SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas" / "venice"
-
-
 class UnknownClusterId(KeyError):
     """An upstreamKafkaClusterId that the cluster -> region map does not name."""
 
@@ -97,27 +92,17 @@ class KafkaRecord(NamedTuple):
     timestamp_ms: int
 
 
-_SCHEMA_JSON: dict[int, dict] = {}
+# Parsed once per process. A plain dict, not functools.lru_cache: Spark ships this module to
+# the executors by value (pipelines/venice_frame.py), and an lru_cache wrapper would be
+# pickled by reference, i.e. need the project importable there.
+_PARSED: dict[int, dict] = {}
 
 
-def schema_json() -> dict[int, dict]:
-    """The supported envelope schemas as JSON, read once from schemas/venice/."""
-    if not _SCHEMA_JSON:
-        for v in SUPPORTED_VERSIONS:
-            with open(_SCHEMA_DIR / f"KafkaMessageEnvelope.v{v}.avsc") as f:
-                _SCHEMA_JSON[v] = json.load(f)
-    return _SCHEMA_JSON
-
-
-def install_schemas(schemas: dict[int, dict]) -> None:
-    """Give the schemas to a process that has no schemas/venice/ (a Spark executor that got this
-    module by value)."""
-    _SCHEMA_JSON.update(schemas)
-
-
-@lru_cache(maxsize=None)
-def envelope_schema(version: int):
-    return fastavro.parse_schema(schema_json()[version])
+def envelope_schema(version: int) -> dict:
+    """The parsed (fastavro) KafkaMessageEnvelope schema of a supported protocol version."""
+    if version not in _PARSED:
+        _PARSED[version] = fastavro.parse_schema(envelope_schema_dict(version))
+    return _PARSED[version]
 
 
 def _b64(b: bytes) -> str:
@@ -245,10 +230,6 @@ def _type_name(t):
     return t if isinstance(t, str) else t.get("type")
 
 
-def _raw_schema(version: int) -> dict:
-    return schema_json()[version]
-
-
 def _find(t, name):
     if isinstance(t, dict):
         if t.get("name") == name and t.get("type") == "record":
@@ -266,7 +247,7 @@ def _find(t, name):
 
 
 def _default(version: int, name: str) -> dict:
-    return _zero(_find(_raw_schema(version), name), {})
+    return _zero(_find(envelope_schema_dict(version), name), {})
 
 
 def encode_record(

@@ -120,7 +120,9 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
         lines.append(
             f"  rows read {raw.get('rows_read')} = accepted {raw.get('rows_accepted')}"
             f" + quarantined {raw.get('rows_quarantined')}"
-            f" (exact duplicates collapsed: {raw.get('duplicates_collapsed')})"
+            + (f" + skipped {raw.get('rows_skipped')} (by rule: {raw.get('skipped_by_reason')})"
+               if raw.get("rows_skipped") else "")
+            + f" (exact duplicates collapsed: {raw.get('duplicates_collapsed')})"
         )
         for replica, counts in sorted((raw.get("by_replica") or {}).items()):
             lines.append(
@@ -348,7 +350,7 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
         "success": audit.success,
         "error": audit.error,
         "rows": {
-            name: raw.get(f"rows_{name}") for name in ("read", "accepted", "quarantined")
+            name: raw.get(f"rows_{name}") for name in ("read", "accepted", "quarantined", "skipped")
         } | {"duplicates_collapsed": raw.get("duplicates_collapsed")},
         "quarantined_by_reason": quarantine.get("by_reason") or {},
         "verdicts": {
@@ -374,6 +376,7 @@ def audit_snapshots(
     delta_jars_dir: Optional[str] = None,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     verbosity: str = "normal",
+    cluster_regions: Optional[str] = None,
     json_path: Optional[str] = None,
     state_retention: Optional[int] = None,
 ) -> int:
@@ -386,7 +389,8 @@ def audit_snapshots(
     ``assets.divergence.DivergenceConfig`` (None: keep every state).
     """
     out: TextIO = sys.stderr if json_path == "-" else sys.stdout
-    zone = LandingZone(root=landing)
+    zone = LandingZone(root=landing, cluster_regions=cluster_regions)
+    zone.cluster_region_map()  # a malformed map is refused before any run
     skipped: list[dict[str, str]] = []
     if snapshot_id is not None:
         zone.require_complete(snapshot_id)
@@ -421,6 +425,7 @@ def audit_snapshots(
                 shuffle_partitions=shuffle_partitions,
                 spark_log_level=SPARK_LOG_LEVELS[verbosity],
                 state_retention=state_retention,
+                cluster_regions=cluster_regions,
             )
         print("\n".join(summary_lines(audit)), file=out, flush=True)
         documents.append(audit_document(audit))

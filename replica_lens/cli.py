@@ -72,6 +72,7 @@ def _audit(args: argparse.Namespace) -> int:
         verbosity="verbose" if args.verbose else "quiet" if args.quiet else "normal",
         json_path=args.json,
         state_retention=args.state_retention,
+        cluster_regions=args.cluster_regions,
     )
 
 
@@ -170,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="folder with the Delta Lake jars: write Delta natively with delta-spark (default: embedded delta-rs)",
     )
     audit.add_argument("--shuffle-partitions", type=int, default=DEFAULT_SHUFFLE_PARTITIONS, help="spark.sql.shuffle.partitions (upper bound; adaptive execution merges small partitions)")
+    audit.add_argument(
+        "--cluster-regions",
+        default=os.environ.get("REPLICA_LENS_CLUSTER_REGIONS") or None,
+        metavar="ID=REGION,...",
+        help="raw Venice records: upstream Kafka cluster id -> region name, e.g. 0=dc-a,1=dc-b "
+        "(default: $REPLICA_LENS_CLUSTER_REGIONS)",
+    )
     audit.add_argument(
         "--fail-on-divergence",
         action="store_true",

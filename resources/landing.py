@@ -7,18 +7,40 @@ plain path or a URI; it is listed through ``resources/filesystem.py``.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import dagster as dg
 import pyarrow.fs as pafs
 from pydantic import Field
 
 from resources.delta_store import UnsafeNameError, check_snapshot_id
-from resources.errors import SnapshotNotReady
+from resources.errors import InvalidSetting, SnapshotNotReady
 from resources.filesystem import Location
 
 SUCCESS_MARKER = "_SUCCESS"
+CLUSTER_REGIONS_ENV = "REPLICA_LENS_CLUSTER_REGIONS"
+
+
+def parse_cluster_regions(text: Optional[str]) -> dict[int, str]:
+    """``"0=dc-a,1=dc-b"`` -> ``{0: "dc-a", 1: "dc-b"}``: Venice upstream Kafka cluster ids to region names.
+
+    Empty or None: no map (a snapshot of raw Venice records then fails on its first cluster id).
+    """
+    regions: dict[int, str] = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        cid, sep, name = item.partition("=")
+        if not sep or not cid.strip().lstrip("-").isdigit() or not name.strip():
+            raise InvalidSetting(f"cluster regions: {item!r} is not <cluster id>=<region>, e.g. 0=dc-a,1=dc-b")
+        if int(cid) in regions:
+            raise InvalidSetting(f"cluster regions: cluster id {int(cid)} is named twice")
+        regions[int(cid)] = name.strip()
+    return regions
 
 
 @dataclass(frozen=True)
@@ -37,6 +59,22 @@ class LandingZone(dg.ConfigurableResource):
         description="Landing folder holding one sub-folder per raw topic snapshot: a path, or a file://, s3://, "
         "gs://, abfss:// or hdfs:// URI."
     )
+    cluster_regions: Optional[str] = Field(
+        default=None,
+        description="Raw Venice records: upstream Kafka cluster id -> region name, as '0=dc-a,1=dc-b' "
+        f"(unset: the {CLUSTER_REGIONS_ENV} environment variable).",
+    )
+    venice_clock_uncertainty_ms: int = Field(
+        default=0,
+        ge=0,
+        description="Raw Venice records: a heartbeat's origin and applied time points are widened by this many "
+        "milliseconds on each side into intervals.",
+    )
+
+    def cluster_region_map(self) -> dict[int, str]:
+        """The configured cluster id -> region map (this resource's setting, else the environment)."""
+        text = self.cluster_regions if self.cluster_regions is not None else os.environ.get(CLUSTER_REGIONS_ENV)
+        return parse_cluster_regions(text)
 
     def _root(self) -> Location:
         return Location.of(self.root)

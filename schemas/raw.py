@@ -73,7 +73,19 @@ QUARANTINE_REASONS = (
     "NEGATIVE_VALUE",
     "UNEXPECTED_FIELD",
     "CONFLICTING_POSITION",
+    # Raw Venice records the decoder cannot use (pipelines/venice.py, docs/venice-input.md).
+    "MALFORMED_RECORD",
+    "UNKNOWN_PROTOCOL_VERSION",
+    "UPDATE_NOT_APPLIED",
+    "CHUNKED_VALUE",
+    "COMPRESSED_VALUE",
+    "NO_UPSTREAM_POSITION",
 )
+
+# Why a raw Venice record is skipped by rule: it is not a message of SPEC 1 (a control message
+# other than START_OF_PUSH and heartbeats). Skipped rows are counted, not stored:
+# rows read = accepted + quarantined + skipped.
+SKIP_REASONS = ("CONTROL_MESSAGE",)
 
 
 class RawTopicSnapshots(pa.DataFrameModel):

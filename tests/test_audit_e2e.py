@@ -177,7 +177,7 @@ def test_the_cli_output_at_each_verbosity_and_its_json_document(spark, example_l
     assert document["skipped"] == [{"snapshot_id": "half-written", "reason": "no _SUCCESS yet"}]
     (snapshot,) = document["snapshots"]
     assert snapshot["snapshot_id"] == "two-regions" and snapshot["success"] is True and snapshot["run_id"]
-    assert snapshot["rows"] == {"read": 102, "accepted": 102, "quarantined": 0, "duplicates_collapsed": 0}
+    assert snapshot["rows"] == {"read": 102, "accepted": 102, "quarantined": 0, "skipped": 0, "duplicates_collapsed": 0}
     assert snapshot["verdicts"]["divergent"] == 3 and snapshot["verdicts"]["compared"] >= 3
     assert snapshot["failed_checks"] == ["divergence_reports:no_proven_divergence"]
     assert set(snapshot["tables"]) == set(PER_SNAPSHOT_TABLES)

@@ -1,18 +1,19 @@
-"""pipelines/venice.py: round trips (hypothesis) and byte fixtures written without the encoder."""
+"""pipelines/venice.py: round trips (hypothesis), byte fixtures written without the encoder, and
+envelopes spelled out byte by byte (Avro binary encoding by hand) so that the project's own
+schemas (pipelines/venice_protocol.py) are checked against the wire, not against themselves."""
 from __future__ import annotations
 
 import base64
 import io
-import json
-from pathlib import Path
 
 import fastavro
 import pytest
+from fastavro.schema import fingerprint, to_parsing_canonical_form
 from hypothesis import given, settings, strategies as st
 
 from pipelines.venice import UnknownClusterId, decode_record, encode_record
+from pipelines.venice_protocol import envelope_schema_dict
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "schemas" / "venice"
 NS = "com.linkedin.venice.kafka.protocol."
 CLUSTERS = {0: "dc-a", 3: "dc-b", 7: "dc-c"}
 REGIONS = {v: k for k, v in CLUSTERS.items()}
@@ -22,7 +23,7 @@ HB_KEY = bytes.fromhex("02" "81545f3cbd093909a467a583ef39e468" "00000000" "00000
 
 
 def schema(v):
-    return fastavro.parse_schema(json.loads((SCHEMAS / f"KafkaMessageEnvelope.v{v}.avsc").read_text()))
+    return fastavro.parse_schema(envelope_schema_dict(v))
 
 
 def wire(v, env):
@@ -50,6 +51,92 @@ def dec(key, value, ts=5000, **kw):
 
 
 BASE = {"replica": "dc-a", "topic": "s_v3", "partition": 2, "offset": 11}
+
+
+# CRC-64-AVRO fingerprints of the parsing canonical form of Venice's published
+# KafkaMessageEnvelope schemas, protocol versions 10 and 14 (computed once from them).
+PUBLISHED_FINGERPRINTS = {10: "d97b1ba72ba42723", 14: "1f802fdd524ff24d"}
+
+
+@pytest.mark.parametrize("v", [10, 14])
+def test_schema_matches_published_protocol(v):
+    # Catches any structural slip in pipelines/venice_protocol.py: a field out of order, a
+    # wrong type or union branch order, a fixed size, a name (canonical form keeps all of them).
+    canonical = to_parsing_canonical_form(schema(v))
+    assert fingerprint(canonical, "CRC-64-AVRO") == PUBLISHED_FINGERPRINTS[v]
+
+
+# A v10 heartbeat, every byte by hand (Avro binary: int/long = zigzag varint, string/bytes =
+# length then bytes, union = branch index then value, fixed = raw bytes, empty map/array = 0).
+V10_HEARTBEAT = bytes.fromhex(
+    "17" "0a"                                # magic byte 23, protocol version 10
+    "04"                                     # messageType 2 (CONTROL_MESSAGE)
+    + "07" * 16                              # producerMetadata.producerGUID (fixed 16)
+    + "00"                                   # segmentNumber 0
+    "02"                                     # messageSequenceNumber 1
+    "c03e"                                   # messageTimestamp 4000 (zigzag 8000)
+    "03"                                     # upstreamOffset -2 (v10 only; zigzag 3)
+    "05"                                     # logicalTimestamp -3 (zigzag 5)
+    "01"                                     # targetVersion -1 (v10 only)
+    "06"                                     # payloadUnion branch 3: ControlMessage
+    "04"                                     # controlMessageType 2 (START_OF_SEGMENT)
+    "00"                                     # debugInfo: empty map
+    "04"                                     # controlMessageUnion branch 2: StartOfSegment
+    "00"                                     # checksumType 0
+    "00"                                     # upcomingAggregates: empty array
+    "02"                                     # leaderMetadataFooter branch 1: LeaderMetadata
+    "04" "6831"                              # hostName "h1"
+    "e807"                                   # upstreamOffset 500 (zigzag 1000)
+    "06"                                     # upstreamKafkaClusterId 3
+)
+
+# A v14 PUT with a termId: the footer's v14 fields sit after upstreamKafkaClusterId.
+V14_PUT = bytes.fromhex(
+    "17" "0e"                                # magic byte 23, protocol version 14
+    "00"                                     # messageType 0 (PUT)
+    + "07" * 16                              # producerGUID
+    + "00" "02"                              # segmentNumber 0, messageSequenceNumber 1
+    "d00f"                                   # messageTimestamp 1000 (zigzag 2000)
+    "9a01"                                   # logicalTimestamp 77 (zigzag 154); no upstreamOffset, no targetVersion in v14
+    "00"                                     # payloadUnion branch 0: Put
+    "06" "026869"                            # putValue b"\x02hi"
+    "0a"                                     # schemaId 5
+    "01"                                     # replicationMetadataVersionId -1
+    "00"                                     # replicationMetadataPayload b""
+    "02"                                     # leaderMetadataFooter branch 1
+    "04" "6831"                              # hostName "h1"
+    "54"                                     # upstreamOffset 42
+    "0e"                                     # upstreamKafkaClusterId 7
+    "00"                                     # upstreamPubSubPosition b""
+    "12"                                     # termId 9
+    "01"                                     # upstreamMessageTimestamp -1
+)
+
+
+def test_hand_encoded_v10_heartbeat():
+    # Catches a decoder reading v10 with a wrong field order (e.g. without the producer's
+    # upstreamOffset or targetVersion, every later byte would shift and the decode fail or differ).
+    got = dec(HB_KEY, V10_HEARTBEAT)
+    assert got["row"] == {**BASE, "kind": "HEARTBEAT", "source_region": "dc-b", "source_offset": 500,
+                          "leader_epoch": None, "origin_ts_min_ms": 3975, "origin_ts_max_ms": 4025,
+                          "applied_ts_min_ms": 4975, "applied_ts_max_ms": 5025}
+    env = {"messageType": 2,
+           "producerMetadata": {**pm(ts=4000, logical=-3), "upstreamOffset": -2},
+           "targetVersion": -1,
+           "payloadUnion": (NS + "ControlMessage", {"controlMessageType": 2, "debugInfo": {},
+                                                     "controlMessageUnion": (NS + "StartOfSegment", SOS)}),
+           "leaderMetadataFooter": (NS + "LeaderMetadata", {"hostName": "h1", "upstreamOffset": 500,
+                                                            "upstreamKafkaClusterId": 3})}
+    assert wire(10, env) == V10_HEARTBEAT  # the fixtures below are written with the same schema
+
+
+def test_hand_encoded_v14_put():
+    # Catches the v14 footer fields in the wrong order (termId would not read 9) or a v14 schema
+    # that kept v10's targetVersion / producer upstreamOffset (the bytes would not parse).
+    got = dec(b"\x00\x06abc", V14_PUT)
+    assert got["row"] == {**BASE, "kind": "PUT", "key": base64.b64encode(b"\x06abc").decode(),
+                          "value": "5:" + base64.b64encode(b"\x02hi").decode(), "source_region": "dc-c",
+                          "source_offset": 42, "write_ts": 77, "leader_epoch": 9}
 
 
 @pytest.mark.parametrize("v", [10, 14])

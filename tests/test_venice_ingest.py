@@ -1,0 +1,173 @@
+"""Ingestion of raw Venice records (issue 18, items 1 and 2): a snapshot folder of Parquet files with
+the columns of Spark's Kafka source plus ``region`` is recognized by its footer, decoded on the
+executors and judged like any other rows; skipped records are counted, quarantined ones keep the
+decoder's reason; an upstream cluster id without a region name fails the run before any table is
+written."""
+from __future__ import annotations
+
+import datetime as dt
+import io
+from pathlib import Path
+
+import fastavro
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.ingest import VeniceSettings, accounting_from_tables, judge_rows, read_snapshot_lines
+from pipelines.venice import encode_record, envelope_schema
+from resources.errors import InvalidSetting
+from resources.landing import parse_cluster_regions
+
+U = 5
+CLUSTERS = {0: "dc-a", 1: "dc-b"}
+REGIONS = {v: k for k, v in CLUSTERS.items()}
+TOPIC = "store_v1"
+NS = "com.linkedin.venice.kafka.protocol."
+PRODUCER_KEY = b"\x02" + b"\x01" * 16 + bytes(8)
+
+KAFKA_SCHEMA = pa.schema([
+    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+    ("offset", pa.int64()), ("timestamp", pa.timestamp("ms", tz="UTC")), ("timestampType", pa.int32()),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))), ("region", pa.string()),
+])
+
+
+def spec_rows(replica: str) -> list[dict]:
+    """A START_OF_PUSH, two PUTs, a DELETE and a heartbeat of one replica's version topic."""
+    base = {"replica": replica, "topic": TOPIC, "partition": 0}
+    other = "dc-b" if replica == "dc-a" else "dc-a"
+    return [
+        {**base, "offset": 0, "kind": "START_OF_PUSH"},
+        {**base, "offset": 1, "kind": "PUT", "key": "azE=", "value": "3:dmFsdWUtMQ==", "source_region": "dc-a",
+         "source_offset": 10, "write_ts": 1_000, "leader_epoch": 2},
+        {**base, "offset": 2, "kind": "PUT", "key": "azI=", "value": "3:dmFsdWUtMg==", "source_region": other,
+         "source_offset": 20, "write_ts": None, "leader_epoch": None},
+        {**base, "offset": 3, "kind": "DELETE", "key": "azE=", "source_region": "dc-b", "source_offset": 21,
+         "write_ts": 1_500, "leader_epoch": 2},
+        {**base, "offset": 4, "kind": "HEARTBEAT", "source_region": "dc-a", "source_offset": 30, "leader_epoch": None,
+         "origin_ts_min_ms": 2_000 - U, "origin_ts_max_ms": 2_000 + U,
+         "applied_ts_min_ms": 2_100 - U, "applied_ts_max_ms": 2_100 + U},
+    ]
+
+
+def envelope(message_type: int, payload: tuple, footer_cluster: int | None = 0) -> bytes:
+    """A v14 value written with fastavro directly (records encode_record cannot make)."""
+    env = {
+        "messageType": message_type,
+        "producerMetadata": {"producerGUID": b"\x01" * 16, "segmentNumber": 0, "messageSequenceNumber": 1,
+                             "messageTimestamp": 1, "logicalTimestamp": -1},
+        "payloadUnion": payload,
+        "leaderMetadataFooter": None if footer_cluster is None else (
+            NS + "LeaderMetadata", {"hostName": "h", "upstreamOffset": 5, "upstreamKafkaClusterId": footer_cluster,
+                                    "upstreamPubSubPosition": b"", "termId": -1, "upstreamMessageTimestamp": -1}),
+    }
+    out = io.BytesIO(bytes([23, 14]))
+    out.seek(2)
+    fastavro.schemaless_writer(out, envelope_schema(14), env)
+    return out.getvalue()
+
+
+def control(cm_type: int, branch: str, body: dict) -> bytes:
+    return envelope(2, (NS + "ControlMessage", {"controlMessageType": cm_type, "debugInfo": {},
+                                                "controlMessageUnion": (NS + branch, body)}), None)
+
+
+def write_snapshot(folder: Path, records: dict[str, list[tuple[bytes, bytes, int, int]]]) -> None:
+    """One Parquet file per region, Kafka source columns + region, then _SUCCESS."""
+    folder.mkdir(parents=True)
+    for region, recs in records.items():
+        table = pa.table({
+            "key": [k for k, _, _, _ in recs], "value": [v for _, v, _, _ in recs], "topic": [TOPIC] * len(recs),
+            "partition": [0] * len(recs), "offset": [o for _, _, o, _ in recs],
+            "timestamp": [dt.datetime.fromtimestamp(t / 1000, dt.timezone.utc) for _, _, _, t in recs],
+            "timestampType": [0] * len(recs), "headers": [[] for _ in recs], "region": [region] * len(recs),
+        }, schema=KAFKA_SCHEMA)
+        pq.write_table(table, folder / f"{region}.parquet")
+    (folder / "_SUCCESS").write_text("")
+
+
+def encoded(rows: list[dict], clusters: dict[str, int] = REGIONS) -> list[tuple[bytes, bytes, int, int]]:
+    out = []
+    for row in rows:
+        rec = encode_record(row, region_clusters=clusters, clock_uncertainty_ms=U)
+        out.append((rec.key, rec.value, row["offset"], rec.timestamp_ms))
+    return out
+
+
+def venice_snapshot(folder: Path) -> None:
+    update = envelope(3, (NS + "Update", {"schemaId": 3, "updateSchemaId": 1, "updateValue": b"\x00"}))
+    end_of_push = control(1, "EndOfPush", {})
+    segment_start = control(2, "StartOfSegment", {"checksumType": 0, "upcomingAggregates": []})
+    write_snapshot(folder, {
+        "dc-a": encoded(spec_rows("dc-a")) + [
+            (b"\x04azM=", update, 5, 0),             # UPDATE: quarantined UPDATE_NOT_APPLIED
+            (PRODUCER_KEY, end_of_push, 6, 0),       # END_OF_PUSH: skipped CONTROL_MESSAGE
+        ],
+        "dc-b": encoded(spec_rows("dc-b")) + [
+            (b"\x00azQ=", b"\x17\x0e\x00", 5, 0),    # truncated envelope: quarantined MALFORMED_RECORD
+            (PRODUCER_KEY, segment_start, 6, 0),     # START_OF_SEGMENT under a producer key: skipped
+        ],
+    })
+
+
+def test_raw_venice_records_are_decoded_judged_and_accounted(spark, tmp_path):
+    # Catches: Kafka-source Parquet read as SPEC Parquet (every row BAD_TYPE/MISSING_FIELD),
+    # skipped records vanishing from the accounting (read != accepted + quarantined + skipped),
+    # decoder reasons lost in the quarantine, and decoded fields mangled on the way (source
+    # region by cluster id, offsets, heartbeat intervals, value as schema id and base64).
+    folder = tmp_path / "landing" / "venice-snap"
+    venice_snapshot(folder)
+    judgement = judge_rows(read_snapshot_lines(spark, str(folder), VeniceSettings(CLUSTERS, U)), "venice-snap")
+    accepted = judgement.accepted.collect()
+    quarantined = judgement.quarantine().collect()
+    skipped = judgement.skipped_by_reason()
+    counts = accounting_from_tables(judgement.accepted, judgement.quarantined, skipped)
+
+    assert (counts["rows_read"], counts["rows_accepted"], counts["rows_quarantined"], counts["rows_skipped"]) == (
+        14, 10, 2, 2)
+    assert skipped == {"CONTROL_MESSAGE": 2}
+    assert counts["by_reason"] == {"MALFORMED_RECORD": 1, "UPDATE_NOT_APPLIED": 1}
+    assert {(r["replica"], r["reason"]) for r in quarantined} == {("dc-a", "UPDATE_NOT_APPLIED"),
+                                                                  ("dc-b", "MALFORMED_RECORD")}
+    assert all(r["source_file"] in ("dc-a.parquet", "dc-b.parquet") and '"offset":5' in r["raw"] for r in quarantined)
+
+    fields = [f for f in spec_rows("dc-a")[1]] + ["origin_ts_min_ms", "origin_ts_max_ms", "applied_ts_min_ms",
+                                                  "applied_ts_max_ms"]
+    got = sorted(({k: r[k] for k in fields if r[k] is not None} for r in accepted),
+                 key=lambda d: (d["replica"], d["offset"]))
+    want = sorted(({k: v for k, v in row.items() if v is not None} for rep in ("dc-a", "dc-b") for row in spec_rows(rep)),
+                  key=lambda d: (d["replica"], d["offset"]))
+    assert got == want
+    assert all(r["copies"] == 1 and r["source_file"] == f"{r['replica']}.parquet" for r in accepted)
+
+
+def test_unknown_cluster_id_fails_the_run_before_any_table_is_written(spark, tmp_path, monkeypatch):
+    # Catches a record from an unnamed cluster being quarantined, dropped or given a made-up
+    # region (its rows would then be compared under the wrong source) instead of failing the run,
+    # and the REPLICA_LENS_CLUSTER_REGIONS setting not reaching the ingestion.
+    from replica_lens.audit import run_audit
+    from resources.delta_store import DeltaStore
+
+    landing = tmp_path / "landing"
+    rows = spec_rows("dc-a")
+    write_snapshot(landing / "snap", {"dc-a": encoded(rows, {"dc-a": 0, "dc-b": 7})})
+    monkeypatch.setenv("REPLICA_LENS_CLUSTER_REGIONS", "0=dc-a,1=dc-b")
+    warehouse = tmp_path / "warehouse"
+    audit = run_audit("snap", str(landing), str(warehouse), spark_master="local[2]", delta_jars_dir=None,
+                      shuffle_partitions=4)
+    assert not audit.success
+    assert "raw_topic_snapshots" in (audit.error or "")
+    assert "upstreamKafkaClusterId 7 is not in the cluster -> region map (known ids: [0, 1])" in audit.error
+    store = DeltaStore(warehouse_root=str(warehouse))
+    assert not store.exists("raw_topic_snapshots") and not store.exists("raw_topic_quarantine")
+
+
+def test_cluster_regions_setting_is_parsed_strictly():
+    # Catches a typo in the map ("0:dc-a", a missing name, an id named twice) being read as
+    # fewer clusters, which would only show later as an unknown-id failure or a wrong region.
+    assert parse_cluster_regions(" 0=dc-a, 1=dc-b ,") == {0: "dc-a", 1: "dc-b"}
+    assert parse_cluster_regions(None) == {} and parse_cluster_regions("") == {}
+    for bad in ("0:dc-a", "0=", "x=dc-a", "0=dc-a,0=dc-b"):
+        with pytest.raises(InvalidSetting):
+            parse_cluster_regions(bad)
