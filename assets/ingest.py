@@ -48,7 +48,7 @@ def raw_topic_snapshots(
     folder = landing.require_complete(snapshot_id)
     files = list_snapshot_files(folder)
     # Raw Venice records, if the snapshot holds any: cluster id -> region from the landing resource.
-    venice = VeniceSettings(landing.cluster_region_map(), landing.venice_clock_uncertainty_ms)
+    venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms())
     judgement = judge_rows(read_snapshot_lines(session, folder, venice), snapshot_id)
 
     tables = StepTables(session, store, snapshot_id)

@@ -246,8 +246,14 @@ def _find(t, name):
     return None
 
 
+_DEFAULTS: dict[tuple[int, str], dict] = {}
+
+
 def _default(version: int, name: str) -> dict:
-    return _zero(_find(envelope_schema_dict(version), name), {})
+    """A fresh default datum of record ``name`` (a shallow copy: callers set top-level fields only)."""
+    if (version, name) not in _DEFAULTS:
+        _DEFAULTS[(version, name)] = _zero(_find(envelope_schema_dict(version), name), {})
+    return dict(_DEFAULTS[(version, name)])
 
 
 def encode_record(

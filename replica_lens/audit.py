@@ -377,6 +377,7 @@ def audit_snapshots(
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     verbosity: str = "normal",
     cluster_regions: Optional[str] = None,
+    venice_clock_uncertainty_ms: Optional[int] = None,
     json_path: Optional[str] = None,
     state_retention: Optional[int] = None,
 ) -> int:
@@ -389,8 +390,11 @@ def audit_snapshots(
     ``assets.divergence.DivergenceConfig`` (None: keep every state).
     """
     out: TextIO = sys.stderr if json_path == "-" else sys.stdout
-    zone = LandingZone(root=landing, cluster_regions=cluster_regions)
-    zone.cluster_region_map()  # a malformed map is refused before any run
+    zone = LandingZone(
+        root=landing, cluster_regions=cluster_regions, venice_clock_uncertainty_ms=venice_clock_uncertainty_ms
+    )
+    zone.cluster_region_map()  # a malformed map (or uncertainty) is refused before any run
+    zone.clock_uncertainty_ms()
     skipped: list[dict[str, str]] = []
     if snapshot_id is not None:
         zone.require_complete(snapshot_id)
@@ -426,6 +430,7 @@ def audit_snapshots(
                 spark_log_level=SPARK_LOG_LEVELS[verbosity],
                 state_retention=state_retention,
                 cluster_regions=cluster_regions,
+                venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
             )
         print("\n".join(summary_lines(audit)), file=out, flush=True)
         documents.append(audit_document(audit))

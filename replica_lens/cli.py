@@ -73,6 +73,7 @@ def _audit(args: argparse.Namespace) -> int:
         json_path=args.json,
         state_retention=args.state_retention,
         cluster_regions=args.cluster_regions,
+        venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
     )
 
 
@@ -85,6 +86,17 @@ def _state_retention(text: str) -> int:
         return check_state_retention(int(text))
     except (ValueError, InvalidSetting):
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 2, got {text!r}") from None
+
+
+def _clock_uncertainty(text: str) -> int:
+    """``--venice-clock-uncertainty-ms``: checked by the landing resource's own rule."""
+    from resources.errors import InvalidSetting
+    from resources.landing import parse_clock_uncertainty
+
+    try:
+        return parse_clock_uncertainty(text)
+    except InvalidSetting as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _benchmark(args: argparse.Namespace) -> int:
@@ -177,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID=REGION,...",
         help="raw Venice records: upstream Kafka cluster id -> region name, e.g. 0=dc-a,1=dc-b "
         "(default: $REPLICA_LENS_CLUSTER_REGIONS)",
+    )
+    audit.add_argument(
+        "--venice-clock-uncertainty-ms",
+        type=_clock_uncertainty,
+        metavar="MS",
+        help="raw Venice records: widen each heartbeat's origin and applied time points by MS on each side into "
+        "intervals (default: $REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS, else 0)",
     )
     audit.add_argument(
         "--fail-on-divergence",

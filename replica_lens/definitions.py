@@ -34,6 +34,7 @@ def build_definitions(
     spark_master: Setting = dg.EnvVar("REPLICA_LENS_SPARK_MASTER"),
     delta_jars_dir: Optional[Setting] = dg.EnvVar("REPLICA_LENS_DELTA_JARS"),
     cluster_regions: Optional[str] = None,
+    venice_clock_uncertainty_ms: Optional[int] = None,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     delta_engine: str = "auto",
     spark_log_level: str = "ERROR",
@@ -52,8 +53,13 @@ def build_definitions(
                 log_level=spark_log_level,
             ),
             "store": DeltaStore(warehouse_root=warehouse_root, engine=delta_engine),
-            # cluster_regions None: the landing resource reads REPLICA_LENS_CLUSTER_REGIONS when it is used.
-            "landing": LandingZone(root=landing_root, cluster_regions=cluster_regions),
+            # None: the landing resource reads REPLICA_LENS_CLUSTER_REGIONS and
+            # REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS when it is used.
+            "landing": LandingZone(
+                root=landing_root,
+                cluster_regions=cluster_regions,
+                venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
+            ),
         },
         # Materializations launched from the UI also run every step in one process: one JVM per run.
         executor=dg.in_process_executor,

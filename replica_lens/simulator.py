@@ -24,8 +24,10 @@ held in memory; rows stream to files in chunks, so tens of millions of rows are 
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import gzip
+import hashlib
 import heapq
 import json
 import os
@@ -51,7 +53,11 @@ __all__ = [
 ]
 
 SNAPSHOT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-FILE_FORMATS = ("jsonl", "jsonl.gz", "parquet")
+FILE_FORMATS = ("jsonl", "jsonl.gz", "parquet", "venice-kafka")
+HEARTBEAT_VECTORS = ("full", "own")
+# Raw Venice records (--format venice-kafka): upstream Kafka cluster id of region i is i, and a
+# PUT's value is written under this value schema id.
+VENICE_VALUE_SCHEMA_ID = 1
 SUCCESS_MARKER = "_SUCCESS"
 
 # Physical clock origin of the simulation (ms since the epoch, 2023-11-14).
@@ -84,12 +90,26 @@ class SimulationConfig:
     hot_write_share: float = _opt(0.5, "share of writes that go to the hot keys when hot_key_fraction > 0")
     delete_fraction: float = _opt(0.1, "share of writes that are DELETEs")
     heartbeat_every: int = _opt(50, "each region's leader emits a heartbeat into its RT every N own writes, and at the end")
+    heartbeat_vector: Optional[str] = _opt(
+        None,
+        "what a HEARTBEAT row carries: full = the leader's whole applied watermark as hb_vector (the VIP-2 "
+        "proposal), own = only its own (source_region, source_offset), as Venice's heartbeats do today "
+        "(default: own for venice-kafka, else full)",
+        type=str,
+        choices=HEARTBEAT_VECTORS,
+    )
     write_interval_ms: float = _opt(5.0, "mean time between two writes of one region to one partition")
     replication_delay_ms: float = _opt(50.0, "mean cross-region replication delay")
     clock_uncertainty_ms: int = _opt(3, "half-width of every clock interval [t - d, t + d]")
     exporters: int = _opt(2, "exporters (change-capture consumers) reporting positions per replica partition")
     exporter_report_every: int = _opt(500, "each exporter reports its position every N version-topic rows")
-    file_format: str = _opt("jsonl", "file format: jsonl, jsonl.gz or parquet", flag="--format", choices=FILE_FORMATS)
+    file_format: str = _opt(
+        "jsonl",
+        "file format: jsonl, jsonl.gz, parquet (SPEC rows) or venice-kafka (raw Venice records as Spark's Kafka "
+        "source writes them, plus a SPEC Parquet file of exporter positions)",
+        flag="--format",
+        choices=FILE_FORMATS,
+    )
     rows_per_file: int = _opt(1_000_000, "rows per data file before starting the next one")
     mid_stream_from: Optional[int] = _opt(
         None, "drop the rows below this offset from every version topic (a mid-stream dump)", type=int
@@ -154,6 +174,27 @@ class SimulationConfig:
             raise InvalidSetting("stall_ms must be at least 1 for stalled_heartbeat")
         if self.exporter_regression and not self.exporters:
             raise InvalidSetting("exporter_regression needs at least one exporter")
+        if self.heartbeat_vector is not None and self.heartbeat_vector not in HEARTBEAT_VECTORS:
+            raise InvalidSetting(
+                f"heartbeat_vector must be one of {', '.join(HEARTBEAT_VECTORS)}, got {self.heartbeat_vector!r}"
+            )
+        if self.file_format == "venice-kafka":
+            if self.heartbeat_vector == "full":
+                raise InvalidSetting("venice-kafka heartbeats carry one component: heartbeat_vector must be own")
+            if self.wide_clock_interval:
+                raise InvalidSetting(
+                    "venice-kafka heartbeats carry time points, widened by one uncertainty at audit time: "
+                    "wide_clock_interval cannot be written"
+                )
+        if self.heartbeat_under_report and not self.full_heartbeat_vectors:
+            raise InvalidSetting("heartbeat_under_report lowers an hb_vector component: it needs heartbeat_vector full")
+
+    @property
+    def full_heartbeat_vectors(self) -> bool:
+        """Whether HEARTBEAT rows carry the whole applied watermark (``heartbeat_vector``, resolved)."""
+        if self.heartbeat_vector is None:
+            return self.file_format != "venice-kafka"
+        return self.heartbeat_vector == "full"
 
 
 class SnapshotExistsError(UsageError, FileExistsError):
@@ -284,10 +325,10 @@ class _JsonSink(_Sink):
         if off < self.skip_below:
             return
         self.counts["HEARTBEAT"] += 1
-        vec = ", ".join(f'"{r}": {o}' for r, o in vector)
+        vec = "" if vector is None else ', "hb_vector": {%s}' % ", ".join(f'"{r}": {o}' for r, o in vector)
         self._add(
             f'{self.pre_off}{off}, "leader_epoch": {epoch}, "kind": "HEARTBEAT", "source_region": "{src}", '
-            f'"source_offset": {soff}, "hb_vector": {{{vec}}}, "origin_ts_min_ms": {omin}, '
+            f'"source_offset": {soff}{vec}, "origin_ts_min_ms": {omin}, '
             f'"origin_ts_max_ms": {omax}, "applied_ts_min_ms": {amin}, "applied_ts_max_ms": {amax}}}\n'
         )
 
@@ -328,22 +369,22 @@ def parquet_schema():
     )
 
 
-class _ParquetSink(_Sink):
-    _CHUNK = 32_768
-    # Columns filled per row; replica, topic and partition are constant within a sink.
-    _VARYING = (
-        "offset", "kind", "key", "value", "source_region", "source_offset", "hb_vector", "origin_ts_min_ms",
-        "origin_ts_max_ms", "applied_ts_min_ms", "applied_ts_max_ms", "write_ts", "leader_epoch", "exporter",
-        "exported_offset", "reported_at_ms",
-    )
+class _ArrowSink(_Sink):
+    """Rows buffered as tuples of the ``_VARYING`` columns, written in chunks to rotating Parquet files;
+    the other columns of ``schema`` are constant within a sink (``constants``)."""
 
-    def __init__(self, folder, replica, topic, partition, config):
+    _CHUNK = 32_768
+    _VARYING: tuple[str, ...] = ()
+    _EXT = "parquet"
+
+    def __init__(self, folder, replica, topic, partition, config, schema, constants: dict):
         super().__init__(folder, replica, topic, partition, config)
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         self.pa, self.pq = pa, pq
-        self.schema = parquet_schema()
+        self.schema = schema
+        self.constants = constants
         self.writer = None
         self.rows: list[tuple] = []
 
@@ -351,17 +392,14 @@ class _ParquetSink(_Sink):
         if not self.rows:
             return
         if self.writer is None:
-            self.writer = self.pq.ParquetWriter(self._next_path("parquet"), self.schema)
+            self.writer = self.pq.ParquetWriter(self._next_path(self._EXT), self.schema)
             self.in_file = 0
         n = len(self.rows)
-        columns = list(zip(*self.rows))
+        varying = dict(zip(self._VARYING, zip(*self.rows)))
         arrays = [
-            self.pa.array([self.replica] * n, self.pa.string()),
-            self.pa.array([self.topic] * n, self.pa.string()),
-            self.pa.array([self.partition] * n, self.pa.int32()),
+            self.pa.array(varying[f.name] if f.name in varying else [self.constants[f.name]] * n, f.type)
+            for f in self.schema
         ]
-        for name, values in zip(self._VARYING, columns):
-            arrays.append(self.pa.array(values, self.schema.field(name).type))
         self.writer.write_table(self.pa.Table.from_arrays(arrays, schema=self.schema))
         self.in_file += n
         self.rows = []
@@ -382,6 +420,19 @@ class _ParquetSink(_Sink):
         self._flush()
         if self.writer is not None:
             self._close_file()
+
+
+class _ParquetSink(_ArrowSink):
+    # Columns filled per row; replica, topic and partition are constant within a sink.
+    _VARYING = (
+        "offset", "kind", "key", "value", "source_region", "source_offset", "hb_vector", "origin_ts_min_ms",
+        "origin_ts_max_ms", "applied_ts_min_ms", "applied_ts_max_ms", "write_ts", "leader_epoch", "exporter",
+        "exported_offset", "reported_at_ms",
+    )
+
+    def __init__(self, folder, replica, topic, partition, config):
+        constants = {"replica": replica, "topic": topic, "partition": partition}
+        super().__init__(folder, replica, topic, partition, config, parquet_schema(), constants)
 
     def start_of_push(self, off, epoch) -> None:
         if off < self.skip_below:
@@ -408,6 +459,105 @@ class _ParquetSink(_Sink):
                    exporter, exported, reported_at))
 
 
+def kafka_source_schema():
+    """The Parquet schema of raw Venice records: the columns of Spark's Kafka source, plus ``region``."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("ms", tz="UTC")),
+            ("timestampType", pa.int32()),
+            ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+            ("region", pa.string()),
+        ]
+    )
+
+
+def venice_cluster_regions(regions: list[str]) -> str:
+    """The ``--cluster-regions`` map of a venice-kafka simulation: region i has upstream cluster id i."""
+    return ",".join(f"{i}={name}" for i, name in enumerate(regions))
+
+
+def venice_key(key: str) -> str:
+    """A simulated key as the audit of its venice-kafka records names it: base64 of its UTF-8 bytes."""
+    return base64.b64encode(key.encode("utf-8")).decode("ascii")
+
+
+def venice_value(value: str) -> str:
+    """A simulated PUT value as the audit of its venice-kafka records shows it: ``schemaId:base64(bytes)``."""
+    return f"{VENICE_VALUE_SCHEMA_ID}:{base64.b64encode(value.encode('utf-8')).decode('ascii')}"
+
+
+class _VeniceSink(_ArrowSink):
+    """Raw Venice records of one replica's version-topic partition (``pipelines/venice.py`` encodes them,
+    protocol version 14): ``{stem}.NNNNN.kafka.parquet``. Exporter positions have no Venice record, so they
+    go to SPEC Parquet files beside them (``{stem}.exporters.NNNNN.parquet``).
+
+    Kafka timestamps: a heartbeat's is the midpoint of its applied interval (the decoder widens it back
+    by the audit's clock uncertainty); other records carry the last heartbeat's, as nothing reads them."""
+
+    _VARYING = ("key", "value", "offset", "timestamp")
+    _EXT = "kafka.parquet"
+
+    def __init__(self, folder, replica, topic, partition, config, regions: list[str]):
+        constants = {"topic": topic, "partition": partition, "timestampType": 0, "headers": [], "region": replica}
+        super().__init__(folder, replica, topic, partition, config, kafka_source_schema(), constants)
+        from pipelines.venice import encode_record
+
+        self.encode = encode_record
+        self.clusters = {name: i for i, name in enumerate(regions)}
+        self.uncertainty = config.clock_uncertainty_ms
+        self.guid = hashlib.md5(f"replica-lens:{replica}".encode()).digest()
+        self.ts = BASE_MS
+        self.base = {"replica": replica, "topic": topic, "partition": partition}
+        self.exporters = _ParquetSink(folder, replica, topic, partition, config)
+        self.exporters.stem = f"{self.stem}.exporters"
+
+    def _record(self, row: dict) -> None:
+        record = self.encode(
+            {**self.base, **row}, region_clusters=self.clusters, clock_uncertainty_ms=self.uncertainty,
+            producer_guid=self.guid,
+        )
+        if row["kind"] == "HEARTBEAT":
+            self.ts = record.timestamp_ms
+        self.counts[row["kind"]] += 1
+        self._add((record.key, record.value, row["offset"], self.ts))
+
+    def start_of_push(self, off, epoch) -> None:
+        if off >= self.skip_below:
+            self._record({"offset": off, "kind": "START_OF_PUSH", "leader_epoch": epoch})
+
+    def data(self, off, epoch, key, value, src, soff, wts) -> None:
+        if off < self.skip_below:
+            return
+        row = {"offset": off, "kind": "DELETE" if value is None else "PUT", "key": venice_key(key),
+               "source_region": src, "source_offset": soff, "write_ts": wts, "leader_epoch": epoch}
+        if value is not None:
+            row["value"] = venice_value(value)
+        self._record(row)
+
+    def heartbeat(self, off, epoch, src, soff, vector, omin, omax, amin, amax) -> None:
+        if off >= self.skip_below:
+            self._record({"offset": off, "kind": "HEARTBEAT", "source_region": src, "source_offset": soff,
+                          "leader_epoch": epoch, "origin_ts_min_ms": omin, "origin_ts_max_ms": omax,
+                          "applied_ts_min_ms": amin, "applied_ts_max_ms": amax})
+
+    def exporter_position(self, exporter, exported, reported_at) -> None:
+        self.exporters.exporter_position(exporter, exported, reported_at)
+
+    def close(self) -> None:
+        super().close()
+        self.exporters.close()
+        self.files.extend(self.exporters.files)
+        self.counts["EXPORTER_POSITION"] += self.exporters.counts["EXPORTER_POSITION"]
+        self.exporters.counts["EXPORTER_POSITION"] = 0
+
+
 # --------------------------------------------------------------------------- the simulation
 
 
@@ -423,6 +573,7 @@ class _Leader:
         self.n = 0
         self.off = 0
         self.epoch = 1
+        self.full_vectors = sim.config.full_heartbeat_vectors
         self.now = 0  # applied clock, microseconds since BASE_MS
         self.floor = 0  # a stalled leader applies nothing before this time
         self.win: dict[str, tuple] = {}  # key -> (write_ts, source idx, value or None, vt offset)
@@ -675,7 +826,8 @@ class _Leader:
         omid = BASE_MS + t_origin // 1000
         wm = self.wm
         regions = sim.regions
-        vector = [(regions[i], wm[i]) for i in range(len(wm)) if wm[i] >= 0]
+        # Own mode: the row carries no hb_vector, only (source_region, source_offset).
+        vector = [(regions[i], wm[i]) for i in range(len(wm)) if wm[i] >= 0] if self.full_vectors else None
         anomalies = []
         if self.under:
             vector = self._under_report(off, x, vector, anomalies)
@@ -1095,6 +1247,8 @@ class _Plan:
         fmt = self.config.file_format
         if fmt == "parquet":
             return _ParquetSink(folder, replica, topic, partition, self.config)
+        if fmt == "venice-kafka":
+            return _VeniceSink(folder, replica, topic, partition, self.config, self.regions)
         return _JsonSink(folder, replica, topic, partition, self.config, gz=(fmt == "jsonl.gz"))
 
 
@@ -1163,6 +1317,12 @@ def simulate(
         },
         "warnings": plan.warnings,
     }
+    if config.file_format == "venice-kafka":
+        # What an audit of these records needs (replica-lens audit --cluster-regions ... --venice-clock-uncertainty-ms ...).
+        truth["venice"] = {
+            "cluster_regions": venice_cluster_regions(plan.regions),
+            "clock_uncertainty_ms": config.clock_uncertainty_ms,
+        }
     _atomic_write_text(truth_path, json.dumps(truth, indent=1) + "\n")
     _atomic_write_text(folder / SUCCESS_MARKER, "")
 
@@ -1178,6 +1338,8 @@ def simulate(
         "anomalies": len(plan.anomalies),
         "expected_divergent_keys": len(plan.divergent),
         "warnings": plan.warnings,
+        **({"audit_with": f"--cluster-regions {truth['venice']['cluster_regions']} --venice-clock-uncertainty-ms "
+                          f"{config.clock_uncertainty_ms}"} if "venice" in truth else {}),
     }
 
 

@@ -22,6 +22,7 @@ from resources.filesystem import Location
 
 SUCCESS_MARKER = "_SUCCESS"
 CLUSTER_REGIONS_ENV = "REPLICA_LENS_CLUSTER_REGIONS"
+CLOCK_UNCERTAINTY_ENV = "REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS"
 
 
 def parse_cluster_regions(text: Optional[str]) -> dict[int, str]:
@@ -52,6 +53,19 @@ class LandingScan:
     refused: list[str]  # folder names that are not safe snapshot ids
 
 
+def parse_clock_uncertainty(text: Optional[str]) -> int:
+    """``"3"`` -> 3: milliseconds, a whole number >= 0; empty or None -> 0."""
+    if text is None or not text.strip():
+        return 0
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidSetting(f"Venice clock uncertainty: {text!r} is not a whole number of milliseconds >= 0")
+    return value
+
+
 class LandingZone(dg.ConfigurableResource):
     """The folder where snapshot folders land: a plain path or a URI (``resources/filesystem.py``)."""
 
@@ -64,17 +78,25 @@ class LandingZone(dg.ConfigurableResource):
         description="Raw Venice records: upstream Kafka cluster id -> region name, as '0=dc-a,1=dc-b' "
         f"(unset: the {CLUSTER_REGIONS_ENV} environment variable).",
     )
-    venice_clock_uncertainty_ms: int = Field(
-        default=0,
+    venice_clock_uncertainty_ms: Optional[int] = Field(
+        default=None,
         ge=0,
         description="Raw Venice records: a heartbeat's origin and applied time points are widened by this many "
-        "milliseconds on each side into intervals.",
+        f"milliseconds on each side into intervals (unset: the {CLOCK_UNCERTAINTY_ENV} environment variable, "
+        "else 0).",
     )
 
     def cluster_region_map(self) -> dict[int, str]:
         """The configured cluster id -> region map (this resource's setting, else the environment)."""
         text = self.cluster_regions if self.cluster_regions is not None else os.environ.get(CLUSTER_REGIONS_ENV)
         return parse_cluster_regions(text)
+
+    def clock_uncertainty_ms(self) -> int:
+        """The configured half-width of a Venice heartbeat's clock intervals (this resource's setting, else the
+        environment, else 0)."""
+        if self.venice_clock_uncertainty_ms is not None:
+            return self.venice_clock_uncertainty_ms
+        return parse_clock_uncertainty(os.environ.get(CLOCK_UNCERTAINTY_ENV))
 
     def _root(self) -> Location:
         return Location.of(self.root)

@@ -156,7 +156,7 @@ def recomputed(truth: dict, rows: list[dict]) -> set[tuple]:
 # --------------------------------------------------------------------------- determinism and format
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet", "venice-kafka"])
 def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(tmp_path, fmt):
     options = dict(SMALL, file_format=fmt, lost_writes=1, duplicate_deliveries=1, conflicting_writes=1)
     a = Path(simulate(tmp_path / "a", "s", SimulationConfig(seed=3, **options))["snapshot_dir"])
@@ -275,6 +275,14 @@ def test_bad_options_are_refused():
         SimulationConfig(file_format="csv")
     with pytest.raises(ValueError):
         SimulationConfig(hot_key_fraction=1.5)
+    with pytest.raises(ValueError, match="heartbeat_vector must be own"):
+        SimulationConfig(file_format="venice-kafka", heartbeat_vector="full")
+    with pytest.raises(ValueError, match="wide_clock_interval"):
+        SimulationConfig(file_format="venice-kafka", wide_clock_interval=1)
+    with pytest.raises(ValueError, match="heartbeat_under_report"):
+        SimulationConfig(heartbeat_vector="own", heartbeat_under_report=1)
+    with pytest.raises(ValueError, match="heartbeat_under_report"):
+        SimulationConfig(file_format="venice-kafka", heartbeat_under_report=1)
 
 
 # --------------------------------------------------------------------------- replication semantics
@@ -355,6 +363,44 @@ def test_heartbeat_vectors_are_the_applied_watermark(tmp_path):
         behind = sum(finals["dc-a"][c] - finals["dc-c"].get(c, -1) for c in finals["dc-a"])
         assert behind >= 40
     assert {(lag["replica"], lag["missing_messages"]) for lag in truth["lagging"]} == {("dc-c", 40)}
+
+
+def test_own_heartbeats_are_the_same_history_without_vectors(tmp_path):
+    """Catches an own-mode heartbeat that still writes hb_vector (an empty map would claim an empty
+    pre-history), or a mode switch that changes anything else of the history."""
+    options = dict(SMALL, lost_writes=2, rewind=1, lagging_replica="dc-c", lag_messages=40)
+    _, _, full = run(tmp_path / "full", **options)
+    _, truth, own = run(tmp_path / "own", **options, heartbeat_vector="own")
+    heartbeats = [r for r in own if r["kind"] == "HEARTBEAT"]
+    assert heartbeats and all("hb_vector" not in r for r in heartbeats)
+    without = [{k: v for k, v in r.items() if k != "hb_vector"} for r in full]
+    assert Counter(json.dumps(r, sort_keys=True) for r in own) == Counter(json.dumps(r, sort_keys=True) for r in without)
+    assert SimulationConfig(file_format="venice-kafka").full_heartbeat_vectors is False
+    assert SimulationConfig().full_heartbeat_vectors is True
+
+
+def test_venice_kafka_writes_kafka_source_files_and_exporter_positions_beside_them(tmp_path):
+    """Catches a Venice file the ingestion would not recognize (wrong columns or types), exporter positions
+    lost for want of a Venice record, or a ground truth without the settings its audit needs."""
+    from pipelines.ingest import is_venice_schema
+
+    summary = simulate(tmp_path, "v", SimulationConfig(**SMALL, file_format="venice-kafka"))
+    folder = Path(summary["snapshot_dir"])
+    kafka = sorted(folder.glob("*.kafka.parquet"))
+    exporters = sorted(folder.glob("*.exporters.*.parquet"))
+    assert len(kafka) == len(exporters) == 6
+    assert all(is_venice_schema(pq.read_schema(p)) for p in kafka)
+    assert not any(is_venice_schema(pq.read_schema(p)) for p in exporters)
+    records = sum(pq.read_metadata(p).num_rows for p in kafka)
+    positions = pq.read_table(exporters[0]).column("kind").to_pylist()
+    assert positions and set(positions) == {"EXPORTER_POSITION"}
+    counts = Counter()
+    for kinds in summary["rows"].values():
+        counts.update(kinds)
+    assert records == summary["rows_total"] - counts["EXPORTER_POSITION"]
+    truth = json.loads((tmp_path / "v.ground_truth.json").read_text())
+    assert truth["venice"] == {"cluster_regions": "0=dc-a,1=dc-b,2=dc-c", "clock_uncertainty_ms": 3}
+    assert summary["audit_with"] == "--cluster-regions 0=dc-a,1=dc-b,2=dc-c --venice-clock-uncertainty-ms 3"
 
 
 def test_hot_keys_take_their_share_of_writes(tmp_path):
@@ -480,6 +526,8 @@ def test_every_option_has_a_flag_and_parses_into_the_config():
     assert (config.seed, config.regions, config.file_format, config.hot_key_fraction) == (3, 4, "parquet", 0.02)
     assert (config.lagging_replica, config.lost_writes, config.mid_stream_from) == ("dc-b", 2, 10)
     assert config.failover_clock_behind == 1
+    venice = config_from_args(parser.parse_args(["--format", "venice-kafka", "--heartbeat-vector", "own"]))
+    assert (venice.file_format, venice.heartbeat_vector) == ("venice-kafka", "own")
     flags = {opt for action in parser._actions for opt in action.option_strings}
     for f in simulator.dataclasses.fields(SimulationConfig):
         assert f.metadata.get("flag", "--" + f.name.replace("_", "-")) in flags

@@ -171,3 +171,23 @@ def test_cluster_regions_setting_is_parsed_strictly():
     for bad in ("0:dc-a", "0=", "x=dc-a", "0=dc-a,0=dc-b"):
         with pytest.raises(InvalidSetting):
             parse_cluster_regions(bad)
+
+
+def test_clock_uncertainty_setting_is_parsed_strictly_and_falls_back_to_the_environment(monkeypatch, capsys):
+    # Catches a negative or non-numeric uncertainty read as some number (it would narrow or shift every
+    # heartbeat interval), and a resource that ignores REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS from .env.
+    from replica_lens.cli import EXIT_USAGE, main
+    from resources.landing import CLOCK_UNCERTAINTY_ENV, LandingZone, parse_clock_uncertainty
+
+    assert parse_clock_uncertainty(" 7 ") == 7 and parse_clock_uncertainty(None) == 0 and parse_clock_uncertainty("") == 0
+    for bad in ("-1", "3ms", "1.5"):
+        with pytest.raises(InvalidSetting):
+            parse_clock_uncertainty(bad)
+    monkeypatch.setenv(CLOCK_UNCERTAINTY_ENV, "9")
+    assert LandingZone(root="landing").clock_uncertainty_ms() == 9
+    assert LandingZone(root="landing", venice_clock_uncertainty_ms=2).clock_uncertainty_ms() == 2
+    args = ["audit", "--landing", "l", "--warehouse", "w", "--venice-clock-uncertainty-ms", "-3"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == EXIT_USAGE
+    assert "not a whole number of milliseconds" in capsys.readouterr().err
