@@ -151,6 +151,16 @@ def test_the_session_runs_the_throughput_collector_unless_the_user_picks_one():
     assert kept["spark.yarn.am.extraJavaOptions"] == "-Xss4m"
 
 
+def test_the_session_keeps_an_audits_compiled_code_for_the_next_audit(spark):
+    # Catches: Spark's default cache of 100 compiled classes back, so that every audit after the
+    # first in one JVM (the CLI with several snapshots, the test suite) compiles its ~500 classes
+    # again. The setting is static: only the session's start can set it, so it is read back there.
+    from resources.spark import CODEGEN_CACHE_ENTRIES, spark_config
+
+    assert spark_config()["spark.sql.codegen.cache.maxEntries"] == str(CODEGEN_CACHE_ENTRIES)
+    assert int(spark.conf.get("spark.sql.codegen.cache.maxEntries")) == CODEGEN_CACHE_ENTRIES >= 1000
+
+
 def test_a_session_starts_without_spark_or_hadoop_chatter_unless_the_user_brings_a_log_configuration(tmp_path):
     # Catches: the project's log4j2 file not reaching the driver JVM (Spark's banner "Using
     # Spark's default log4j profile", its "Setting default log level" notice and start-up
