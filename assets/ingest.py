@@ -10,8 +10,9 @@ from pipelines.ingest import (
     judge_rows,
     list_snapshot_files,
     read_snapshot_lines,
+    venice_cluster_ids,
 )
-from pipelines.venice_frame import unknown_cluster_id_in
+from pipelines.venice_frame import unknown_cluster_id_in, unknown_cluster_ids_message
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource
@@ -60,6 +61,11 @@ def raw_topic_snapshots(
         unknown = unknown_cluster_id_in(exc)
         if unknown is None:
             raise
+        # The failed job stopped at the first unknown id; one more job names them all.
+        try:
+            unknown = unknown_cluster_ids_message(venice_cluster_ids(session, folder), landing.cluster_region_map())
+        except Exception:  # noqa: BLE001 - the first id still tells the operator what to fix
+            pass
         raise dg.Failure(
             description=f"{unknown}: name every upstream cluster with --cluster-regions, the landing resource's "
             "cluster_regions or REPLICA_LENS_CLUSTER_REGIONS (e.g. 0=dc-a,1=dc-b); no table was written"

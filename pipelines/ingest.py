@@ -71,7 +71,7 @@ from pyspark.sql import types as T
 
 from pipelines.gzip_lines import BLANK, gzip_file_batches
 from resources.filesystem import Location
-from pipelines.venice_frame import REASON_DETAIL, venice_lines
+from pipelines.venice_frame import REASON_DETAIL, cluster_ids_in, venice_lines
 from schemas.raw import (
     SKIP_REASONS,
     FORBIDDEN_BY_KIND,
@@ -288,6 +288,22 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: Venice
     if unreadable:
         frames.append(_local_lines(spark, unreadable))
     return frames
+
+
+def venice_cluster_ids(spark: SparkSession, folder: str) -> list[int]:
+    """Every upstream cluster id named by the raw Venice records of a snapshot folder (sorted; empty
+    without any). Reads the Parquet footers again: it serves only an error's message."""
+    paths = []
+    for file in list_snapshot_files(folder).data_files:
+        if file.format != "parquet":
+            continue
+        try:
+            location = Location.of(file.path)
+            if is_venice_schema(pq.read_schema(location.path, filesystem=location.fs)):
+                paths.append(_spark_path(file.path))
+        except Exception:  # noqa: BLE001 - an unreadable file is the quarantine's business
+            continue
+    return cluster_ids_in(spark.read.parquet(*paths)) if paths else []
 
 
 def read_snapshot_lines(spark: SparkSession, folder: str, venice: VeniceSettings | None = None) -> DataFrame:

@@ -198,6 +198,22 @@ def decode_record(
     return _out("row", None, row)
 
 
+def upstream_cluster_id(value: bytes) -> int | None:
+    """The leader footer's ``upstreamKafkaClusterId`` of a record's value; None when it has no footer
+    or is not a supported Venice envelope. For naming every cluster id a snapshot holds."""
+    value = bytes(value or b"")
+    if len(value) < 2 or value[0] != MAGIC_BYTE or value[1] not in SUPPORTED_VERSIONS:
+        return None
+    try:
+        env = fastavro.schemaless_reader(io.BytesIO(value[2:]), envelope_schema(value[1]), None)
+    except Exception:
+        return None
+    footer = env.get("leaderMetadataFooter")
+    if isinstance(footer, tuple):
+        footer = footer[1]
+    return None if footer is None else footer["upstreamKafkaClusterId"]
+
+
 def _zero(t, named: dict):
     """A valid default datum for Avro type t (field defaults where the schema gives them)."""
     if isinstance(t, list):

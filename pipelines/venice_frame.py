@@ -94,6 +94,29 @@ def decode_venice_frame(
     return inp.mapInArrow(run, out_schema)
 
 
+def cluster_ids_in(records: DataFrame) -> list[int]:
+    """Every upstream cluster id the records' leader footers name, sorted (one Spark job; decoding on the
+    executors). For the error of an audit whose cluster map misses some: it names them all."""
+
+    def run(batches):
+        for batch in batches:
+            ids = {venice.upstream_cluster_id(v) for v in batch.column("value").to_pylist()}
+            ids.discard(None)
+            yield pa.RecordBatch.from_pydict({"cluster_id": sorted(ids)}, schema=pa.schema([("cluster_id", pa.int32())]))
+
+    found = records.select("value").mapInArrow(run, "cluster_id int").distinct().collect()
+    return sorted(r["cluster_id"] for r in found)
+
+
+def unknown_cluster_ids_message(seen: list[int], known: dict[int, str]) -> str:
+    """The error of a snapshot whose upstream cluster ids are not all in the cluster -> region map."""
+    unknown = [i for i in seen if i not in known]
+    return (
+        f"upstreamKafkaClusterIds {unknown} are not in the cluster -> region map (known ids: {sorted(known)}; "
+        f"ids in the snapshot: {seen})"
+    )
+
+
 # What ``decoded_reason`` says, for a quarantined record's ``detail``.
 REASON_DETAIL = {
     "MALFORMED_RECORD": "not a Venice record: bad magic byte, unparseable, short or trailing bytes, "

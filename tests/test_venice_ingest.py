@@ -145,20 +145,23 @@ def test_raw_venice_records_are_decoded_judged_and_accounted(spark, tmp_path):
 def test_unknown_cluster_id_fails_the_run_before_any_table_is_written(spark, tmp_path, monkeypatch):
     # Catches a record from an unnamed cluster being quarantined, dropped or given a made-up
     # region (its rows would then be compared under the wrong source) instead of failing the run,
-    # and the REPLICA_LENS_CLUSTER_REGIONS setting not reaching the ingestion.
+    # the REPLICA_LENS_CLUSTER_REGIONS setting not reaching the ingestion, and an error that names
+    # only one of several unknown ids.
     from replica_lens.audit import run_audit
     from resources.delta_store import DeltaStore
 
     landing = tmp_path / "landing"
-    rows = spec_rows("dc-a")
-    write_snapshot(landing / "snap", {"dc-a": encoded(rows, {"dc-a": 0, "dc-b": 7})})
+    write_snapshot(landing / "snap", {"dc-a": encoded(spec_rows("dc-a"), {"dc-a": 0, "dc-b": 7}),
+                                      "dc-b": encoded(spec_rows("dc-b"), {"dc-a": 9, "dc-b": 1})})
     monkeypatch.setenv("REPLICA_LENS_CLUSTER_REGIONS", "0=dc-a,1=dc-b")
     warehouse = tmp_path / "warehouse"
     audit = run_audit("snap", str(landing), str(warehouse), spark_master="local[2]", delta_jars_dir=None,
                       shuffle_partitions=4)
     assert not audit.success
     assert "raw_topic_snapshots" in (audit.error or "")
-    assert "upstreamKafkaClusterId 7 is not in the cluster -> region map (known ids: [0, 1])" in audit.error
+    # Every unknown id is named, not only the first one a task met (the operator fixes the map once).
+    assert ("upstreamKafkaClusterIds [7, 9] are not in the cluster -> region map (known ids: [0, 1]; "
+            "ids in the snapshot: [0, 1, 7, 9])") in audit.error
     store = DeltaStore(warehouse_root=str(warehouse))
     assert not store.exists("raw_topic_snapshots") and not store.exists("raw_topic_quarantine")
 
