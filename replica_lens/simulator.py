@@ -1,7 +1,8 @@
 """Seeded simulator of an active/active replicated store, behind ``replica-lens simulate``.
 
-It writes a raw topic snapshot (SPEC section 1) plus a ground-truth file listing every
-injected fault and stream anomaly at the exact position where an audit must find it.
+It writes a raw topic snapshot (SPEC section 1 rows, or with ``--format venice-kafka`` the same
+history as raw Venice records: ``_VeniceSink``, docs/venice-input.md) plus a ground-truth file
+listing every injected fault and stream anomaly at the exact position where an audit must find it.
 
 Model (SPEC sections 1, 3-7):
 
@@ -14,7 +15,8 @@ Model (SPEC sections 1, 3-7):
   RT's order but interleaves the RTs differently in every region. Data messages are resolved
   last-writer-wins on ``(write_ts, source_region)``: a loser is not written to the version topic
   (VT), but the applied watermark still advances. A heartbeat from region X becomes a HEARTBEAT
-  row in the VT carrying the leader's whole applied watermark as ``hb_vector``.
+  row in the VT carrying the leader's whole applied watermark as ``hb_vector`` (with
+  ``heartbeat_vector="own"``, as Venice's heartbeats: only X's own component, no ``hb_vector``).
 - Healthy replicas therefore end in the same state whatever their interleaving; every
   difference comes from an injected fault and is listed in the ground truth.
 
