@@ -77,6 +77,27 @@ def _audit(args: argparse.Namespace) -> int:
     )
 
 
+def _dump_kafka(args: argparse.Namespace) -> int:
+    from pipelines.kafka_dump import DumpRequest, dump, parse_pairs
+
+    request = DumpRequest(
+        regions=parse_pairs(args.region, "--region"),
+        topics=tuple(dict.fromkeys(args.topic)),
+        starting_offsets=args.starting_offsets,
+        ending_offsets=args.ending_offsets,
+        kafka_options=parse_pairs(args.kafka_option, "--kafka-option"),
+    )
+    summary = dump(
+        request, args.landing, args.snapshot_id, spark_master=args.spark_master, kafka_jars_dir=args.kafka_jars,
+        overwrite=args.overwrite,
+    )
+    print(f"snapshot {args.snapshot_id} written to {summary['snapshot_dir']}")
+    for region, counts in summary["regions"].items():
+        print(f"  {region}: {counts.get('records', 0):,} records in {counts['files']} files")
+    print("audit it with: replica-lens audit --landing ... --snapshot-id ... --cluster-regions ID=REGION,...")
+    return 0
+
+
 def _state_retention(text: str) -> int:
     """``--state-retention``: a whole number, checked by the divergence step's own rule."""
     from assets.divergence import check_state_retention
@@ -218,6 +239,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the summary as one JSON document to PATH ('-': to stdout, everything else to stderr)",
     )
     audit.set_defaults(handler=_audit)
+
+    dump = commands.add_parser(
+        "dump-kafka",
+        parents=[common],
+        help="read Venice version topics from the brokers into a snapshot folder of raw Venice records",
+    )
+    dump.add_argument(
+        "--region", action="append", default=[], metavar="REGION=HOST:PORT[,...]", required=True,
+        help="a region and the bootstrap servers of its Kafka cluster (repeat per region)",
+    )
+    dump.add_argument(
+        "--topic", action="append", default=[], required=True, metavar="TOPIC",
+        help="a version topic to read in every region, e.g. store_v3 (repeat per topic)",
+    )
+    dump.add_argument("--landing", required=True, help="landing folder to write the snapshot folder into")
+    dump.add_argument("--snapshot-id", required=True, help="name of the snapshot folder")
+    dump.add_argument("--starting-offsets", default="earliest", help="Kafka source startingOffsets (default: earliest)")
+    dump.add_argument("--ending-offsets", default="latest", help="Kafka source endingOffsets (default: latest)")
+    dump.add_argument(
+        "--kafka-option", action="append", default=[], metavar="NAME=VALUE",
+        help="a Kafka consumer setting, passed as kafka.NAME (security.protocol, sasl.*, ssl.*); repeatable",
+    )
+    dump.add_argument(
+        "--kafka-jars",
+        default=os.environ.get("REPLICA_LENS_KAFKA_JARS") or None,
+        help="folder with the spark-sql-kafka jars and their dependencies (default: $REPLICA_LENS_KAFKA_JARS)",
+    )
+    dump.add_argument(
+        "--spark-master", default=os.environ.get("REPLICA_LENS_SPARK_MASTER", "local[*]"), help="Spark master URL"
+    )
+    dump.add_argument("--overwrite", action="store_true", help="replace an existing snapshot folder")
+    dump.set_defaults(handler=_dump_kafka)
 
     bench = commands.add_parser(
         "benchmark",
