@@ -141,54 +141,61 @@ def divergence_reports(
     snapshot_id = context.partition_key
     keep = check_state_retention(config.state_retention)
     session = spark.spark_session
-    rows = read_stage(session, store, "reconstructed_watermarks", snapshot_id)
-    partitions = read_stage(session, store, "partition_watermarks", snapshot_id)
-    contexts = state_contexts(session, store)
-    try:
-        # Every snapshot's contexts but this one's: re-materializing it starts from the state before it. Only the
-        # chosen predecessors' partitions are read whole. The raw rows are read only where a dump overlaps the
-        # state it continues, to verify the overlap.
-        prior = load_prior_state(session, store, partitions, snapshot_id, contexts)
-    except StateRefused as refused:
-        raise dg.Failure(description=str(refused), allow_retries=False) from refused
-    if prior.links:
-        carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context)
-    else:  # a fresh stream everywhere: nothing to carry, the snapshot's own tables are the stream's
-        carried_rows, carried_partitions = rows, partitions
-    carried = {
-        "carried_partitions": len(prior.links),
-        "carried_versions": prior.carried_versions,
-        "previous_snapshot_ids": dg.MetadataValue.json(prior.previous_snapshot_ids),
-        "carried_from": dg.MetadataValue.json(prior.links),
-    }
-    reports, summary = compare_replicas(carried_rows, carried_partitions)
-    tables = StepTables(session, store, snapshot_id)
-    tables.stage(reports, "divergence_reports")
-    tables.stage(summary, "divergence_summary")
-    written_summary = tables.frame("divergence_summary")
-    totals = verdict_totals(written_summary)
-    tables.add_metadata(
-        "divergence_reports",
-        {
-            **{f"keys_{k.lower()}": v for k, v in totals.items()},
-            **carried,
-            "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(written_summary)),
-        },
-    )
-    state = next_state(carried_rows, carried_partitions, prior.versions, prior.context)
-    tables.stage(state, STATE, extra_metadata=carried)
-    # Unset, every state is kept and nothing is collected for the plan.
-    dropped, retention = [], {"state_retention": "all"}
-    if keep is not None:
-        dropped, retention = retention_plan(contexts, tables.frame(STATE), snapshot_id, keep)
-    tables.add_metadata(STATE, retention)
-    yield from tables.publish()
-    # After the new state is committed: a failure here leaves extra states, which is safe, and the next audit
-    # drops them. A concurrent audit that chose a dropped state refuses to use it (it re-reads its context).
-    if dropped:
-        version = store.delete_snapshots(session, STATE, dropped)
-        context.log.info(f"state retention {keep}: dropped the states of {len(dropped)} snapshot(s) "
-                         f"({', '.join(dropped[:MAX_LISTED_DROPPED])}) from {STATE} in Delta version {version}")
+    with spark.sized_for(comparison_rows(store, snapshot_id)) as evaluation:
+        rows = read_stage(session, store, "reconstructed_watermarks", snapshot_id)
+        partitions = read_stage(session, store, "partition_watermarks", snapshot_id)
+        contexts = state_contexts(session, store)
+        try:
+            # Every snapshot's contexts but this one's: re-materializing it starts from the state before it. Only the
+            # chosen predecessors' partitions are read whole. The raw rows are read only where a dump overlaps the
+            # state it continues, to verify the overlap.
+            prior = load_prior_state(session, store, partitions, snapshot_id, contexts)
+        except StateRefused as refused:
+            raise dg.Failure(description=str(refused), allow_retries=False) from refused
+        if prior.links:
+            carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context)
+        else:  # a fresh stream everywhere: nothing to carry, the snapshot's own tables are the stream's
+            carried_rows, carried_partitions = rows, partitions
+        carried = {
+            "carried_partitions": len(prior.links),
+            "carried_versions": prior.carried_versions,
+            "previous_snapshot_ids": dg.MetadataValue.json(prior.previous_snapshot_ids),
+            "carried_from": dg.MetadataValue.json(prior.links),
+        }
+        reports, summary = compare_replicas(carried_rows, carried_partitions)
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        tables.stage(reports, "divergence_reports")
+        tables.stage(summary, "divergence_summary")
+        written_summary = tables.frame("divergence_summary")
+        totals = verdict_totals(written_summary)
+        tables.add_metadata(
+            "divergence_reports",
+            {
+                **{f"keys_{k.lower()}": v for k, v in totals.items()},
+                **carried,
+                "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(written_summary)),
+            },
+        )
+        state = next_state(carried_rows, carried_partitions, prior.versions, prior.context)
+        tables.stage(state, STATE, extra_metadata=carried)
+        # Unset, every state is kept and nothing is collected for the plan.
+        dropped, retention = [], {"state_retention": "all"}
+        if keep is not None:
+            dropped, retention = retention_plan(contexts, tables.frame(STATE), snapshot_id, keep)
+        tables.add_metadata(STATE, retention)
+        yield from tables.publish()
+        # After the new state is committed: a failure here leaves extra states, which is safe, and the next audit
+        # drops them. A concurrent audit that chose a dropped state refuses to use it (it re-reads its context).
+        if dropped:
+            version = store.delete_snapshots(session, STATE, dropped)
+            context.log.info(f"state retention {keep}: dropped the states of {len(dropped)} snapshot(s) "
+                             f"({', '.join(dropped[:MAX_LISTED_DROPPED])}) from {STATE} in Delta version {version}")
+
+
+def comparison_rows(store: DeltaStore, snapshot_id: str) -> Optional[int]:
+    """The most rows the comparison reads: this snapshot's data rows, and every state it could carry (None: unknown)."""
+    rows = store.snapshot_rows("reconstructed_watermarks", [snapshot_id])
+    return None if rows is None else rows + (store.snapshot_rows(STATE) or 0)
 
 
 def verdict_totals(summary) -> dict[str, int]:
@@ -211,21 +218,22 @@ def verdict_totals(summary) -> dict[str, int]:
 def no_proven_divergence(context: dg.AssetCheckExecutionContext, spark: SparkResource, store: DeltaStore):
     session = spark.spark_session
     snapshot_id = context.partition_key
-    reports = read_stage(session, store, "divergence_reports", snapshot_id)
-    proven = reports.where(F.col("verdict").isin(*PROVEN))
-    counts = {r["verdict"]: int(r["count"]) for r in proven.groupBy("verdict").count().collect()}
-    examples = [
-        {k: r[k] for k in ("topic", "partition", "replica_a", "replica_b", "key", "verdict")}
-        for r in proven.orderBy("topic", "partition", "replica_a", "replica_b", "key").limit(EXAMPLE_KEYS).collect()
-    ]
-    total = sum(counts.values())
-    return dg.AssetCheckResult(
-        passed=total == 0,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            "divergent": counts.get("DIVERGENT", 0),
-            "missing": counts.get("MISSING", 0),
-            "example_keys": dg.MetadataValue.json(examples),
-        },
-        description=None if total == 0 else f"{total} key(s) proven divergent or missing",
-    )
+    with spark.sized_for(store.snapshot_rows("divergence_reports", [snapshot_id])):
+        reports = read_stage(session, store, "divergence_reports", snapshot_id)
+        proven = reports.where(F.col("verdict").isin(*PROVEN))
+        counts = {r["verdict"]: int(r["count"]) for r in proven.groupBy("verdict").count().collect()}
+        examples = [
+            {k: r[k] for k in ("topic", "partition", "replica_a", "replica_b", "key", "verdict")}
+            for r in proven.orderBy("topic", "partition", "replica_a", "replica_b", "key").limit(EXAMPLE_KEYS).collect()
+        ]
+        total = sum(counts.values())
+        return dg.AssetCheckResult(
+            passed=total == 0,
+            severity=dg.AssetCheckSeverity.ERROR,
+            metadata={
+                "divergent": counts.get("DIVERGENT", 0),
+                "missing": counts.get("MISSING", 0),
+                "example_keys": dg.MetadataValue.json(examples),
+            },
+            description=None if total == 0 else f"{total} key(s) proven divergent or missing",
+        )

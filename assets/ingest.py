@@ -49,64 +49,65 @@ def raw_topic_snapshots(
     folder = landing.require_complete(snapshot_id)
     files = list_snapshot_files(folder)
     # Raw Venice records, if the snapshot holds any: cluster id -> region from the landing resource.
-    venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms())
-    judgement = judge_rows(read_snapshot_lines(session, folder, venice), snapshot_id)
+    with spark.sized_for(files.estimated_rows()) as evaluation:
+        venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms())
+        judgement = judge_rows(read_snapshot_lines(session, folder, venice), snapshot_id)
 
-    tables = StepTables(session, store, snapshot_id)
-    try:
-        tables.stage(judgement.accepted, "raw_topic_snapshots")
-    except Exception as exc:
-        # A raw Venice record from a cluster the map does not name: the Spark job failed, nothing
-        # is committed. Say so plainly instead of with the executor's traceback.
-        unknown = unknown_cluster_id_in(exc)
-        if unknown is None:
-            raise
-        # The failed job stopped at the first unknown id; one more job names them all.
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
         try:
-            unknown = unknown_cluster_ids_message(venice_cluster_ids(session, folder), landing.cluster_region_map())
-        except Exception:  # noqa: BLE001 - the first id still tells the operator what to fix
-            pass
-        raise dg.Failure(
-            description=f"{unknown}: name every upstream cluster with --cluster-regions, the landing resource's "
-            "cluster_regions or REPLICA_LENS_CLUSTER_REGIONS (e.g. 0=dc-a,1=dc-b); no table was written"
-        ) from None
-    # Known empty from the accepted pass when no row was bad: then it costs no second pass
-    # (and no Spark job at all).
-    quarantine_empty = judgement.quarantine_is_empty()
-    if quarantine_empty:
-        tables.stage_empty("raw_topic_quarantine")
-    else:
-        tables.stage(judgement.quarantined, "raw_topic_quarantine")
-    # Counted on the staged tables (two narrow columns each): no extra pass over the landing files.
-    counts = accounting_from_tables(
-        tables.frame("raw_topic_snapshots"),
-        None if quarantine_empty else tables.frame("raw_topic_quarantine"),
-        judgement.skipped_by_reason(),
-    )
-    context.log.info(
-        "snapshot %s: %s rows read = %s accepted + %s quarantined + %s skipped",
-        snapshot_id,
-        counts["rows_read"],
-        counts["rows_accepted"],
-        counts["rows_quarantined"],
-        counts["rows_skipped"],
-    )
-    tables.add_metadata(
-        "raw_topic_snapshots",
-        {
-            "rows_read": counts["rows_read"],
-            "rows_accepted": counts["rows_accepted"],
-            "rows_quarantined": counts["rows_quarantined"],
-            "rows_skipped": counts["rows_skipped"],
-            "skipped_by_reason": dg.MetadataValue.json(counts["skipped_by_reason"]),
-            "duplicates_collapsed": counts["rows_accepted"] - counts["rows_stored"],
-            "files_read": len(files.data_files),
-            "files_not_read": dg.MetadataValue.json(files.other_files),
-            "by_replica": dg.MetadataValue.json(counts["by_replica"]),
-        },
-    )
-    tables.add_metadata(
-        "raw_topic_quarantine",
-        {"rows_quarantined": counts["rows_quarantined"], "by_reason": dg.MetadataValue.json(counts["by_reason"])},
-    )
-    yield from tables.publish()
+            tables.stage(judgement.accepted, "raw_topic_snapshots")
+        except Exception as exc:
+            # A raw Venice record from a cluster the map does not name: the Spark job failed, nothing
+            # is committed. Say so plainly instead of with the executor's traceback.
+            unknown = unknown_cluster_id_in(exc)
+            if unknown is None:
+                raise
+            # The failed job stopped at the first unknown id; one more job names them all.
+            try:
+                unknown = unknown_cluster_ids_message(venice_cluster_ids(session, folder), landing.cluster_region_map())
+            except Exception:  # noqa: BLE001 - the first id still tells the operator what to fix
+                pass
+            raise dg.Failure(
+                description=f"{unknown}: name every upstream cluster with --cluster-regions, the landing resource's "
+                "cluster_regions or REPLICA_LENS_CLUSTER_REGIONS (e.g. 0=dc-a,1=dc-b); no table was written"
+            ) from None
+        # Known empty from the accepted pass when no row was bad: then it costs no second pass
+        # (and no Spark job at all).
+        quarantine_empty = judgement.quarantine_is_empty()
+        if quarantine_empty:
+            tables.stage_empty("raw_topic_quarantine")
+        else:
+            tables.stage(judgement.quarantined, "raw_topic_quarantine")
+        # Counted on the staged tables (two narrow columns each): no extra pass over the landing files.
+        counts = accounting_from_tables(
+            tables.frame("raw_topic_snapshots"),
+            None if quarantine_empty else tables.frame("raw_topic_quarantine"),
+            judgement.skipped_by_reason(),
+        )
+        context.log.info(
+            "snapshot %s: %s rows read = %s accepted + %s quarantined + %s skipped",
+            snapshot_id,
+            counts["rows_read"],
+            counts["rows_accepted"],
+            counts["rows_quarantined"],
+            counts["rows_skipped"],
+        )
+        tables.add_metadata(
+            "raw_topic_snapshots",
+            {
+                "rows_read": counts["rows_read"],
+                "rows_accepted": counts["rows_accepted"],
+                "rows_quarantined": counts["rows_quarantined"],
+                "rows_skipped": counts["rows_skipped"],
+                "skipped_by_reason": dg.MetadataValue.json(counts["skipped_by_reason"]),
+                "duplicates_collapsed": counts["rows_accepted"] - counts["rows_stored"],
+                "files_read": len(files.data_files),
+                "files_not_read": dg.MetadataValue.json(files.other_files),
+                "by_replica": dg.MetadataValue.json(counts["by_replica"]),
+            },
+        )
+        tables.add_metadata(
+            "raw_topic_quarantine",
+            {"rows_quarantined": counts["rows_quarantined"], "by_reason": dg.MetadataValue.json(counts["by_reason"])},
+        )
+        yield from tables.publish()

@@ -44,14 +44,15 @@ def stream_anomalies(
 ):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
-    anomalies = find_stream_anomalies(read_stage(session, store, "raw_topic_snapshots", snapshot_id), bounds)
-    tables = StepTables(session, store, snapshot_id)
-    tables.stage(anomalies, "stream_anomalies")
-    written = tables.frame("stream_anomalies")
-    by_kind = {r["anomaly"]: int(r["count"]) for r in written.groupBy("anomaly").count().collect()}
-    tables.add_metadata("stream_anomalies", {"by_anomaly": dg.MetadataValue.json(by_kind), **bounds.__dict__})
-    yield from tables.publish()
+    with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
+        bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
+        anomalies = find_stream_anomalies(read_stage(session, store, "raw_topic_snapshots", snapshot_id), bounds)
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        tables.stage(anomalies, "stream_anomalies")
+        written = tables.frame("stream_anomalies")
+        by_kind = {r["anomaly"]: int(r["count"]) for r in written.groupBy("anomaly").count().collect()}
+        tables.add_metadata("stream_anomalies", {"by_anomaly": dg.MetadataValue.json(by_kind), **bounds.__dict__})
+        yield from tables.publish()
 
 
 @dg.multi_asset(
@@ -77,15 +78,16 @@ def stream_anomalies(
 def replication_lag(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    tables = StepTables(session, store, snapshot_id)
-    tables.stage(heartbeat_lag(read_stage(session, store, "raw_topic_snapshots", snapshot_id)), "heartbeat_lag")
-    tables.stage(lag_summary(tables.frame("heartbeat_lag")), "replication_lag")
-    lagging = lagging_rows(tables.frame("replication_lag"))
-    tables.add_metadata(
-        "replication_lag",
-        {"worst_lagging": dg.MetadataValue.md(worst_lagging(lagging)), "worst_lag": dg.MetadataValue.json(worst_lag(lagging) or {})},
-    )
-    yield from tables.publish()
+    with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        tables.stage(heartbeat_lag(read_stage(session, store, "raw_topic_snapshots", snapshot_id)), "heartbeat_lag")
+        tables.stage(lag_summary(tables.frame("heartbeat_lag")), "replication_lag")
+        lagging = lagging_rows(tables.frame("replication_lag"))
+        tables.add_metadata(
+            "replication_lag",
+            {"worst_lagging": dg.MetadataValue.md(worst_lagging(lagging)), "worst_lag": dg.MetadataValue.json(worst_lag(lagging) or {})},
+        )
+        yield from tables.publish()
 
 
 @dg.multi_asset(
@@ -122,14 +124,15 @@ def replication_lag(context: dg.AssetExecutionContext, spark: SparkResource, sto
 def exporter_tables(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
-    tables = StepTables(session, store, snapshot_id)
-    tables.stage(exporter_positions(raw), "exporter_positions")
-    tables.stage(exporter_regressions(raw), "exporter_regressions")
-    tables.stage(compaction_bounds(raw, tables.frame("exporter_positions")), "compaction_bounds")
-    preview = compaction_holdbacks(tables.frame("compaction_bounds"))
-    tables.add_metadata("compaction_bounds", {"holding_back_compaction": dg.MetadataValue.md(preview)})
-    yield from tables.publish()
+    with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
+        raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        tables.stage(exporter_positions(raw), "exporter_positions")
+        tables.stage(exporter_regressions(raw), "exporter_regressions")
+        tables.stage(compaction_bounds(raw, tables.frame("exporter_positions")), "compaction_bounds")
+        preview = compaction_holdbacks(tables.frame("compaction_bounds"))
+        tables.add_metadata("compaction_bounds", {"holding_back_compaction": dg.MetadataValue.md(preview)})
+        yield from tables.publish()
 
 
 class LagBounds(dg.Config):
@@ -150,17 +153,18 @@ class LagBounds(dg.Config):
 def lag_within_bounds(
     context: dg.AssetCheckExecutionContext, config: LagBounds, spark: SparkResource, store: DeltaStore
 ) -> dg.AssetCheckResult:
-    lag = read_stage(spark.spark_session, store, "replication_lag", context.partition_key)
-    over = lag.where(
-        (F.col("p99_upper_ms") > config.max_lag_p99_ms) | (F.col("staleness_ms") > config.max_staleness_ms)
-    )
-    return _bound_result(
-        over.orderBy(F.desc_nulls_last("p99_upper_ms")).limit(EXAMPLES).collect(),
-        ["replica", "origin_region", "p99_upper_ms", "staleness_ms"],
-        over.count(),
-        {"max_lag_p99_ms": config.max_lag_p99_ms, "max_staleness_ms": config.max_staleness_ms},
-        "replica/origin pair(s) lag beyond the bound",
-    )
+    with spark.sized_for(store.snapshot_rows("replication_lag", [context.partition_key])):
+        lag = read_stage(spark.spark_session, store, "replication_lag", context.partition_key)
+        over = lag.where(
+            (F.col("p99_upper_ms") > config.max_lag_p99_ms) | (F.col("staleness_ms") > config.max_staleness_ms)
+        )
+        return _bound_result(
+            over.orderBy(F.desc_nulls_last("p99_upper_ms")).limit(EXAMPLES).collect(),
+            ["replica", "origin_region", "p99_upper_ms", "staleness_ms"],
+            over.count(),
+            {"max_lag_p99_ms": config.max_lag_p99_ms, "max_staleness_ms": config.max_staleness_ms},
+            "replica/origin pair(s) lag beyond the bound",
+        )
 
 
 class ExporterBounds(dg.Config):
@@ -177,17 +181,18 @@ class ExporterBounds(dg.Config):
 def exporters_within_bounds(
     context: dg.AssetCheckExecutionContext, config: ExporterBounds, spark: SparkResource, store: DeltaStore
 ) -> dg.AssetCheckResult:
-    positions = read_stage(spark.spark_session, store, "exporter_positions", context.partition_key)
-    over = positions.where(
-        (F.col("lag_positions") > config.max_lag_positions) | (F.col("lag_ms") > config.max_lag_ms)
-    )
-    return _bound_result(
-        over.orderBy(F.desc_nulls_last("lag_positions")).limit(EXAMPLES).collect(),
-        ["exporter", "replica", "topic", "partition", "lag_positions", "lag_ms"],
-        over.count(),
-        {"max_lag_positions": config.max_lag_positions, "max_lag_ms": config.max_lag_ms},
-        "exporter position(s) lag beyond the bound",
-    )
+    with spark.sized_for(store.snapshot_rows("exporter_positions", [context.partition_key])):
+        positions = read_stage(spark.spark_session, store, "exporter_positions", context.partition_key)
+        over = positions.where(
+            (F.col("lag_positions") > config.max_lag_positions) | (F.col("lag_ms") > config.max_lag_ms)
+        )
+        return _bound_result(
+            over.orderBy(F.desc_nulls_last("lag_positions")).limit(EXAMPLES).collect(),
+            ["exporter", "replica", "topic", "partition", "lag_positions", "lag_ms"],
+            over.count(),
+            {"max_lag_positions": config.max_lag_positions, "max_lag_ms": config.max_lag_ms},
+            "exporter position(s) lag beyond the bound",
+        )
 
 
 def _bound_result(examples, columns: list[str], total: int, bounds: dict, what: str) -> dg.AssetCheckResult:

@@ -85,10 +85,12 @@ class _Staged:
 class StepTables:
     """The tables one asset step writes: staged and validated one by one, published together."""
 
-    def __init__(self, spark: SparkSession, store: DeltaStore, snapshot_id: str | None):
+    def __init__(self, spark: SparkSession, store: DeltaStore, snapshot_id: str | None, evaluation: str | None = None):
         self.spark = spark
         self.store = store
         self.snapshot_id = snapshot_id
+        # How Spark evaluated the step (``SparkResource.sized_for``), shown on each table's materialization.
+        self.evaluation = evaluation
         self._staged: dict[str, _Staged] = {}
 
     def stage(self, df: DataFrame, table: str, extra_metadata: dict[str, Any] | None = None) -> StagedWrite:
@@ -189,6 +191,7 @@ class StepTables:
                     # Spark is lazy: staging includes computing the frame (the stage's own work) and its checks.
                     "write_seconds": entry.stage_seconds,
                     "commit_seconds": commit_seconds,
+                    **({"spark_evaluation": self.evaluation} if self.evaluation else {}),
                     **entry.extra_metadata,
                 },
                 check_results=[check],

@@ -36,10 +36,11 @@ KINDS = {"spark", "delta"}
 def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    tables = StepTables(session, store, snapshot_id)
-    tables.stage(annotate_segments(read_stage(session, store, "raw_topic_snapshots", snapshot_id)), "heartbeat_segments")
-    tables.stage(summarize_segments(tables.frame("heartbeat_segments")), "heartbeat_segment_summary")
-    yield from tables.publish()
+    with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        tables.stage(annotate_segments(read_stage(session, store, "raw_topic_snapshots", snapshot_id)), "heartbeat_segments")
+        tables.stage(summarize_segments(tables.frame("heartbeat_segments")), "heartbeat_segment_summary")
+        yield from tables.publish()
 
 
 @dg.multi_asset(
@@ -65,9 +66,10 @@ def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, 
 def reconstructed_watermarks(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    annotated = read_stage(session, store, "heartbeat_segments", snapshot_id)
-    tables = StepTables(session, store, snapshot_id)
-    # The few partition rows first: P and L(end) of every data row are then read from them.
-    tables.stage(partition_watermarks(annotated), "partition_watermarks")
-    tables.stage(reconstruct_watermarks(annotated, tables.frame("partition_watermarks")), "reconstructed_watermarks")
-    yield from tables.publish()
+    with spark.sized_for(store.snapshot_rows("heartbeat_segments", [snapshot_id])) as evaluation:
+        annotated = read_stage(session, store, "heartbeat_segments", snapshot_id)
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        # The few partition rows first: P and L(end) of every data row are then read from them.
+        tables.stage(partition_watermarks(annotated), "partition_watermarks")
+        tables.stage(reconstruct_watermarks(annotated, tables.frame("partition_watermarks")), "reconstructed_watermarks")
+        yield from tables.publish()

@@ -22,7 +22,7 @@ from replica_lens.jobs import (
 )
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
-from resources.spark import SparkResource
+from resources.spark import INTERPRETED_MAX_ROWS, SparkResource
 from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
 
 Setting = Union[str, dg.EnvVar]
@@ -38,6 +38,7 @@ def build_definitions(
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     delta_engine: str = "auto",
     spark_log_level: str = "ERROR",
+    interpreted_max_rows: int = INTERPRETED_MAX_ROWS,
 ) -> dg.Definitions:
     return dg.Definitions(
         assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations, trend]),
@@ -51,6 +52,7 @@ def build_definitions(
                 delta_jars_dir=delta_jars_dir,
                 shuffle_partitions=shuffle_partitions,
                 log_level=spark_log_level,
+                interpreted_max_rows=interpreted_max_rows,
             ),
             "store": DeltaStore(warehouse_root=warehouse_root, engine=delta_engine),
             # None: the landing resource reads REPLICA_LENS_CLUSTER_REGIONS and

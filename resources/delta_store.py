@@ -546,6 +546,25 @@ class DeltaStore(dg.ConfigurableResource):
         actions = _add_actions(DeltaTable(self.table_uri(table), storage_options=delta_storage_options()))
         return sorted(set(actions.get(f"partition.{PARTITION_COLUMN}", [])))
 
+    def snapshot_rows(self, table: str, snapshot_ids: Optional[Sequence[str]] = None) -> Optional[int]:
+        """Rows of ``table`` in ``snapshot_ids`` (None: every snapshot), from the Delta log's file statistics.
+
+        Nothing of the data is read. None when the table does not exist or a file's log entry
+        has no ``numRecords`` (a writer that left statistics out): unknown, not zero.
+        """
+        from deltalake import DeltaTable
+
+        if not self.exists(table):
+            return None
+        actions = _add_actions(DeltaTable(self.table_uri(table), storage_options=delta_storage_options()))
+        counts = actions.get("num_records", [])
+        parts = actions.get(f"partition.{PARTITION_COLUMN}", [None] * len(counts))
+        wanted = None if snapshot_ids is None else set(snapshot_ids)
+        chosen = [n for n, part in zip(counts, parts) if wanted is None or part in wanted]
+        if any(n is None for n in chosen):
+            return None
+        return int(sum(chosen))
+
     def version(self, table: str) -> Optional[int]:
         from deltalake import DeltaTable
 
