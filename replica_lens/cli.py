@@ -59,6 +59,11 @@ def _summary_lines(summary: dict) -> list[str]:
 
 
 def _audit(args: argparse.Namespace) -> int:
+    # The JVM starts while Dagster and the definitions are imported (seconds each); the run's
+    # Spark resource then gets this same session (same settings, see resources/session.py).
+    from resources.session import start_in_background
+
+    start_in_background(master=args.spark_master, shuffle_partitions=args.shuffle_partitions, delta_jars_dir=args.delta_jars)
     from replica_lens.audit import audit_snapshots
 
     return audit_snapshots(

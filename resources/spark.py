@@ -17,179 +17,36 @@ warm-up are about a third of a small snapshot's audit. An asset step whose input
 code generation off, expressions interpreted): the same operators and results, no
 compiler. Larger inputs keep code generation, which wins from some ten thousand rows on.
 """
-
 from __future__ import annotations
 
-import glob
-import os
-import re
-import sys
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from typing import Optional
 
 from dagster_pyspark import PySparkResource
 from pydantic import Field
-from pyspark.sql import SparkSession
 
+# The settings and start-up live in resources/session.py (no Dagster import); re-exported here.
+from resources.session import (
+    STATUS_RETENTION,
+    DATAFRAME_DEBUGGING,
+    DELTA_EXTENSION,
+    DELTA_CATALOG,
+    delta_jars,
+    spark_config,
+    INTERPRETED,
+    INTERPRETED_MAX_ROWS,
+    code_generation,
+    CODEGEN_CACHE_ENTRIES,
+    DEFAULT_JAVA_OPTIONS,
+    JAVA_OPTION_KEYS,
+    LOG_CONFIGURATION,
+    java_options,
+    build_spark_session,
+    has_native_delta,
+    start_in_background,
+)
 from resources.tuning import DEFAULT_DRIVER_MEMORY, DEFAULT_SHUFFLE_PARTITIONS
 
-# For sessions that read their own work back from the JVM's status stores (the benchmark, the
-# tests that count Spark jobs): Spark keeps only the last 1,000 jobs, stages and SQL executions
-# by default and would drop part of a long run. Bookkeeping only; no effect on the work done.
-STATUS_RETENTION = {
-    key: "1000000" for key in ("spark.ui.retainedJobs", "spark.ui.retainedStages", "spark.sql.ui.retainedExecutions")
-}
-
-DATAFRAME_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
-DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
-DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
-
-
-def delta_jars(delta_jars_dir: Optional[str]) -> list[str]:
-    """The Delta Lake jars found in ``delta_jars_dir`` (empty when there are none)."""
-    if not delta_jars_dir:
-        return []
-    found = sorted(glob.glob(os.path.join(delta_jars_dir, "*.jar")))
-    has_spark = any(os.path.basename(j).startswith("delta-spark") for j in found)
-    return found if has_spark else []
-
-
-def spark_config(
-    master: str = "local[*]",
-    app_name: str = "replica-lens",
-    shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
-    driver_memory: str = DEFAULT_DRIVER_MEMORY,
-    delta_jars_dir: Optional[str] = None,
-    extra: Optional[dict[str, str]] = None,
-) -> dict[str, str]:
-    conf = {
-        "spark.master": master,
-        "spark.app.name": app_name,
-        "spark.driver.memory": driver_memory,
-        "spark.sql.shuffle.partitions": str(shuffle_partitions),
-        "spark.sql.adaptive.enabled": "true",
-        # shuffle_partitions is an upper bound: adaptive execution merges each shuffle's
-        # partitions to about the advisory size, so small snapshots get a few tasks and
-        # large ones get more, without retuning per snapshot.
-        "spark.sql.adaptive.coalescePartitions.enabled": "true",
-        "spark.sql.adaptive.coalescePartitions.parallelismFirst": "false",
-        "spark.sql.adaptive.advisoryPartitionSizeInBytes": "32m",
-        # Joins and windows of one stage share their leading keys (e.g. pair and key): a frame
-        # already clustered by those keys is joined without another exchange.
-        "spark.sql.requireAllClusterKeysForCoPartition": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        # Arrow makes createDataFrame/toPandas fast where the driver must touch rows.
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.parquet.compression.codec": "zstd",
-        # One audit generates ~500 distinct classes (measured on a 1,468-row snapshot); Spark's
-        # cache of compiled code keeps 100 by default, so a second audit in the same JVM (the CLI
-        # with several snapshots, a test session) compiled them all again: 13.4 s -> 10.5 s for
-        # the second tiny audit with room for them, and ~50 fewer compilations in the first.
-        "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
-        # PySpark 4 records the Python call site of every DataFrame and Column call for error
-        # messages: each call becomes ~5 round trips to the JVM instead of one (measured: a
-        # 1,468-row audit made 72,000 of them, 25,000 without it; see docs/performance.md).
-        # Errors still name the failing expression; set "true" to see the Python line too.
-        DATAFRAME_DEBUGGING: "false",
-    }
-    for option in JAVA_OPTION_KEYS:
-        conf[option] = java_options((extra or {}).get(option, ""), driver=option == JAVA_OPTION_KEYS[0])
-    jars = delta_jars(delta_jars_dir)
-    if jars:
-        conf["spark.jars"] = ",".join(jars)
-        conf["spark.sql.extensions"] = DELTA_EXTENSION
-        conf["spark.sql.catalog.spark_catalog"] = DELTA_CATALOG
-    conf.update({k: v for k, v in (extra or {}).items() if k not in JAVA_OPTION_KEYS})
-    return conf
-
-
-# Spark's interpreted evaluation: no whole-stage code generation, and every expression
-# (projections, predicates, orderings) interpreted instead of compiled. Runtime SQL settings,
-# read when a query is planned and executed, so one session switches per step.
-INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
-# Measured on the 2-core development machine (docs/performance.md), whole audits in a fresh JVM,
-# alternating: 1,468 rows 25-28 s interpreted against 35-38 s compiled, 15,000 rows 28 s against
-# 33 s (ingestion even), 150,000 rows 55-69 s against 47-53 s (ingestion 20-24 s against 15-16 s).
-INTERPRETED_MAX_ROWS = 20_000
-
-
-@contextmanager
-def code_generation(session: SparkSession, rows: Optional[int], max_interpreted_rows: int) -> Iterator[str]:
-    """Within the block, Spark interprets when ``rows`` (a step's input) is known and at most ``max_interpreted_rows``.
-
-    Yields what was chosen, for the step's metadata: ``"interpreted"`` or ``"compiled"``. A
-    session whose settings already name either key (the user's ``spark_config``) is left
-    as it is (``"as configured"``). The previous settings are restored on the way out.
-    """
-    conf = session.conf
-    if any(conf.get(key, None) is not None for key in INTERPRETED):
-        yield "as configured"
-        return
-    if rows is None or rows > max_interpreted_rows:
-        yield "compiled"
-        return
-    for key, value in INTERPRETED.items():
-        conf.set(key, value)
-    try:
-        yield "interpreted"
-    finally:
-        for key in INTERPRETED:
-            conf.unset(key)
-
-
-# Compiled generated classes kept per JVM (static: read when the session starts).
-CODEGEN_CACHE_ENTRIES = 2000
-
-# The throughput collector: an audit is a batch of CPU-bound sorts, windows and writes on few
-# cores, where G1's concurrent marking competes with the task threads (measured on a 2-core
-# machine: a 600k-row audit in-process 187 s with G1, 171 s with ParallelGC; see
-# docs/performance.md). A collector the user chooses in ``extraJavaOptions`` wins.
-DEFAULT_JAVA_OPTIONS = "-XX:+UseParallelGC"
-JAVA_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
-
-
-# The driver's log configuration while the session starts (the level is set once it is up):
-# without it Spark prints its default profile's banner and Hadoop's native-library warning.
-LOG_CONFIGURATION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
-
-
-def java_options(user_options: str, driver: bool = False) -> str:
-    """The JVM options of the driver or executors: the user's, after the project's defaults unless they pick their own.
-
-    Defaults: the throughput collector, and for the driver the project's log4j2 configuration
-    (``resources/log4j2.properties``), unless the options name a collector or a log4j2
-    configuration file.
-    """
-    options = user_options.strip()
-    if driver and "log4j2.configurationFile" not in options and " " not in LOG_CONFIGURATION:
-        options = f"-Dlog4j2.configurationFile=file:{LOG_CONFIGURATION} {options}".strip()
-    if re.search(r"-XX:\+Use\w*GC\b", options):
-        return options
-    return f"{DEFAULT_JAVA_OPTIONS} {options}".strip()
-
-
-def build_spark_session(log_level: str = "ERROR", **kwargs) -> SparkSession:
-    """Start (or reuse) this process's Spark session with the project's configuration; Spark logs at ``log_level``."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder
-    for key, value in spark_config(**kwargs).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel(log_level)
-    return session
-
-
-def has_native_delta(session: SparkSession) -> bool:
-    """Whether delta-spark's classes are loaded in this session's JVM."""
-    if DELTA_EXTENSION not in (session.conf.get("spark.sql.extensions", "") or ""):
-        return False
-    try:
-        session._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")  # noqa: SLF001
-    except Exception:  # noqa: BLE001 - any JVM error means the jars are not there
-        return False
-    return True
+__all__ = ["STATUS_RETENTION", "DATAFRAME_DEBUGGING", "DELTA_EXTENSION", "DELTA_CATALOG", "delta_jars", "spark_config", "INTERPRETED", "INTERPRETED_MAX_ROWS", "code_generation", "CODEGEN_CACHE_ENTRIES", "DEFAULT_JAVA_OPTIONS", "JAVA_OPTION_KEYS", "LOG_CONFIGURATION", "java_options", "build_spark_session", "has_native_delta", "start_in_background", "SparkResource"]
 
 
 class SparkResource(PySparkResource):

@@ -228,3 +228,33 @@ def test_building_expressions_costs_few_round_trips_to_the_jvm(spark):
         type(client).send_command = original
     # Six Column calls: 26 round trips without the capture, 101 with it (PySpark 4.2).
     assert 0 < len(sent) <= 40, len(sent)
+
+
+def test_the_cli_starts_spark_while_it_imports_and_the_run_gets_that_same_session():
+    # Catches: the background start (resources/session.py start_in_background, called by
+    # `replica-lens audit` before it imports Dagster) giving the run a session without the
+    # project's static settings, a second SparkContext, or a Dagster import on the CLI's early
+    # path (the overlap would then be lost).
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, json\n"
+        "from resources.session import start_in_background, build_spark_session\n"
+        "t = start_in_background(master='local[1]', shuffle_partitions=7)\n"
+        "early = 'dagster' in sys.modules\n"
+        "s = build_spark_session(master='local[1]', shuffle_partitions=7)\n"
+        "t.join(60)\n"
+        "from pyspark import SparkContext\n"
+        "print(json.dumps({'early_dagster': early, 'alive': t.is_alive(), 'same': SparkContext._active_spark_context is s.sparkContext,\n"
+        "  'partitions': s.conf.get('spark.sql.shuffle.partitions'), 'cache': s.conf.get('spark.sql.codegen.cache.maxEntries'),\n"
+        "  'count': s.range(4).count()}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.returncode == 0, done.stderr
+    import json
+
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"early_dagster": False, "alive": False, "same": True, "partitions": "7", "cache": "2000", "count": 4}
