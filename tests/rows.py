@@ -40,3 +40,12 @@ PER_SNAPSHOT_TABLES = (
     "exporter_regressions",
     "compaction_bounds",
 )
+
+
+def plain(value: Any) -> Any:
+    """A collected cell as a hashable, order-free value (maps as sorted item tuples), to compare tables as multisets."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, plain(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(plain(v) for v in value)
+    return value

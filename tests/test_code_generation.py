@@ -15,6 +15,7 @@ from pipelines.ingest import SnapshotFile, SnapshotFiles
 from replica_lens.audit import run_audit
 from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
+from tests.rows import plain
 from resources.spark import INTERPRETED, code_generation
 from schemas.registry import struct_for
 
@@ -104,14 +105,6 @@ TABLES = (
 )
 
 
-def _plain(value):
-    if isinstance(value, dict):
-        return tuple(sorted((k, _plain(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_plain(v) for v in value)
-    return value
-
-
 def test_interpreted_and_compiled_audits_write_the_same_tables(spark, tmp_path):
     landing = tmp_path / "landing"
     simulate(str(landing), "snap", SimulationConfig(**HISTORY))
@@ -127,7 +120,7 @@ def test_interpreted_and_compiled_audits_write_the_same_tables(spark, tmp_path):
         stores[mode] = DeltaStore(warehouse_root=str(warehouse))
     for table in TABLES:
         tables = {
-            mode: Counter(tuple(_plain(v) for v in row) for row in store.read_snapshot(spark, table, "snap", struct_for(table)).collect())
+            mode: Counter(tuple(plain(v) for v in row) for row in store.read_snapshot(spark, table, "snap", struct_for(table)).collect())
             for mode, store in stores.items()
         }
         assert sum(tables["compiled"].values()) > 0 or table == "raw_topic_quarantine", table

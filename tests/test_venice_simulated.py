@@ -19,6 +19,7 @@ from pipelines.ingest import VeniceSettings, judge_rows, read_snapshot_lines
 from replica_lens.audit import run_audit
 from replica_lens.simulator import SimulationConfig, simulate, venice_key, venice_value
 from resources.delta_store import DeltaStore
+from tests.rows import plain
 from resources.landing import parse_cluster_regions
 from schemas.registry import struct_for
 
@@ -59,15 +60,6 @@ def audited(tmp_path_factory):
     return DeltaStore(warehouse_root=str(warehouse))
 
 
-def _plain(value):
-    """A collected cell as a hashable, order-free value (maps as sorted item tuples)."""
-    if isinstance(value, dict):
-        return tuple(sorted((k, _plain(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(_plain(v) for v in value)
-    return value
-
-
 def _as_venice(cells: dict) -> dict:
     """A SPEC snapshot's row as the audit of the same history in Venice records has it: keys and values
     spelled as Venice bytes, and a START_OF_PUSH without a leader epoch (a Venice START_OF_PUSH carries no
@@ -89,7 +81,7 @@ def _rows(spark, store: DeltaStore, table: str, snapshot_id: str) -> Counter:
         cells = row.asDict(recursive=True)
         if snapshot_id == "spec":
             _as_venice(cells)
-        rows[tuple(sorted((k, _plain(v)) for k, v in cells.items()))] += 1
+        rows[tuple(sorted((k, plain(v)) for k, v in cells.items()))] += 1
     return rows
 
 
