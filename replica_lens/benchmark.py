@@ -279,10 +279,10 @@ def essential_pass(snapshot: str, out: str, spark_conf: dict[str, str], schema_j
 
     Runs in its own process (``python -m replica_lens.benchmark essential``), which the
     benchmark times from start to exit. The session's settings (``spark_config`` of
-    resources/spark.py) and the schema (MESSAGE_FIELDS) are handed over as JSON by the
-    benchmark so that this process imports PySpark only: importing resources/spark.py or
-    schemas/raw.py loads Dagster and pandera (4-7 s of imports on the development machine),
-    which are the audit's costs, not the essential work's.
+    resources/session.py) and the schema (MESSAGE_FIELDS) are handed over as JSON by the
+    benchmark so that this process imports PySpark only: importing schemas/raw.py loads
+    pandera, and the project's packages load Dagster (4-7 s of imports on the development
+    machine), which are the audit's costs, not the essential work's.
     """
     from pyspark.sql import SparkSession, Window
     from pyspark.sql import functions as F
@@ -438,7 +438,7 @@ def _median(values: list[float]) -> Optional[float]:
 
 def _measure_processes(figures: VariantFigures, workdir: Path, landing: Path, snapshot_id: str, settings: dict, runs: int, keep: bool) -> None:
     """Essential pass and audit process, ``runs`` times each, alternating (so that load drifts hit both)."""
-    from resources.spark import spark_config
+    from resources.session import spark_config
 
     conf = spark_config(master=settings["spark_master"], shuffle_partitions=settings["shuffle_partitions"])
     for i in range(runs):
@@ -735,14 +735,14 @@ def _essential_main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--snapshot", required=True, help="snapshot folder holding *.jsonl / *.jsonl.gz files")
     parser.add_argument("--out", required=True, help="folder to write the Parquet files into (must not exist)")
     parser.add_argument(
-        "--spark-conf", help="the session's settings as a JSON object (default: resources/spark.py spark_config(), imported at a cost)"
+        "--spark-conf", help="the session's settings as a JSON object (default: resources/session.py spark_config())"
     )
     parser.add_argument(
         "--schema", help="the read schema as Spark JSON (default: from schemas/raw.py MESSAGE_FIELDS, imported at a cost)"
     )
     args = parser.parse_args(argv)
     if args.spark_conf is None:
-        from resources.spark import spark_config
+        from resources.session import spark_config
 
         args.spark_conf = json.dumps(spark_config())
     if args.schema is None:
