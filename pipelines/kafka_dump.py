@@ -178,7 +178,7 @@ def dump(
     overwrite: bool = False,
 ) -> dict:
     """``replica-lens dump-kafka``: read every region's version topics and land them as one snapshot."""
-    from resources.spark import build_spark_session
+    from resources.session import build_spark_session
 
     jars = kafka_jars(kafka_jars_dir)
     spark = build_spark_session(master=spark_master, extra={"spark.jars": ",".join(jars)} if jars else None)

@@ -587,7 +587,7 @@ def benchmark(
     """
     from replica_lens.simulator import SimulationConfig
     from resources.errors import InvalidSetting
-    from resources.spark import STATUS_RETENTION, build_spark_session
+    from resources.session import STATUS_RETENTION, build_spark_session
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

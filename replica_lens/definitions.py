@@ -22,7 +22,8 @@ from replica_lens.jobs import (
 )
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
-from resources.spark import INTERPRETED_MAX_ROWS, SparkResource
+from resources.session import INTERPRETED_MAX_ROWS
+from resources.spark import SparkResource
 from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
 
 Setting = Union[str, dg.EnvVar]

@@ -60,7 +60,7 @@ from pyspark.sql import types as T
 from resources.delta_stats import file_stats
 from resources.errors import InvalidSetting
 from resources.filesystem import Location, delta_storage_options, spark_uri
-from resources.spark import has_native_delta
+from resources.session import has_native_delta
 from resources.tuning import DEFAULT_RETENTION_HOURS
 
 PARTITION_COLUMN = "snapshot_id"

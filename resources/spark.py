@@ -24,29 +24,9 @@ from typing import Optional
 from dagster_pyspark import PySparkResource
 from pydantic import Field
 
-# The settings and start-up live in resources/session.py (no Dagster import); re-exported here.
-from resources.session import (
-    STATUS_RETENTION,
-    DATAFRAME_DEBUGGING,
-    DELTA_EXTENSION,
-    DELTA_CATALOG,
-    delta_jars,
-    spark_config,
-    INTERPRETED,
-    INTERPRETED_MAX_ROWS,
-    code_generation,
-    CODEGEN_CACHE_ENTRIES,
-    DEFAULT_JAVA_OPTIONS,
-    JAVA_OPTION_KEYS,
-    LOG_CONFIGURATION,
-    java_options,
-    build_spark_session,
-    has_native_delta,
-    start_in_background,
-)
+# The session's settings and start-up live in resources/session.py, which imports no Dagster.
+from resources.session import INTERPRETED_MAX_ROWS, build_spark_session, code_generation
 from resources.tuning import DEFAULT_DRIVER_MEMORY, DEFAULT_SHUFFLE_PARTITIONS
-
-__all__ = ["STATUS_RETENTION", "DATAFRAME_DEBUGGING", "DELTA_EXTENSION", "DELTA_CATALOG", "delta_jars", "spark_config", "INTERPRETED", "INTERPRETED_MAX_ROWS", "code_generation", "CODEGEN_CACHE_ENTRIES", "DEFAULT_JAVA_OPTIONS", "JAVA_OPTION_KEYS", "LOG_CONFIGURATION", "java_options", "build_spark_session", "has_native_delta", "start_in_background", "SparkResource"]
 
 
 class SparkResource(PySparkResource):

@@ -10,7 +10,7 @@ os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
 
 @pytest.fixture(scope="session")
 def spark():
-    from resources.spark import STATUS_RETENTION, build_spark_session
+    from resources.session import STATUS_RETENTION, build_spark_session
 
     # The tests that count Spark's work read the JVM's status stores, late in a run of thousands of jobs.
     session = build_spark_session(

@@ -16,7 +16,7 @@ from replica_lens.audit import run_audit
 from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
 from tests.rows import plain
-from resources.spark import INTERPRETED, code_generation
+from resources.session import INTERPRETED, code_generation
 from schemas.registry import struct_for
 
 KEYS = tuple(INTERPRETED)

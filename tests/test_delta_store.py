@@ -7,7 +7,7 @@ import pytest
 from deltalake import DeltaTable
 
 from resources.delta_store import DeltaStore, UnsafeNameError, check_snapshot_id
-from resources.spark import delta_jars, has_native_delta
+from resources.session import delta_jars, has_native_delta
 from schemas.raw import RawTopicSnapshots
 from tests.rows import raw_frame
 
@@ -108,7 +108,7 @@ def test_native_engine_writes_tables_the_embedded_reader_reads(tmp_path):
 
     script = textwrap.dedent(
         f"""
-        from resources.spark import build_spark_session
+        from resources.session import build_spark_session
         from resources.delta_store import DeltaStore
         from schemas.raw import RawTopicSnapshots
         from tests.rows import raw_frame

@@ -92,7 +92,7 @@ KILLED_WRITER = textwrap.dedent(
     """
     import sys
     from resources.delta_store import DeltaStore
-    from resources.spark import build_spark_session
+    from resources.session import build_spark_session
     from tests.test_reliability import BIG_FILES, BIG_ROWS, STRUCT, TABLE, generation_frame
 
     spark = build_spark_session(master="local[1]", shuffle_partitions=1, driver_memory="1g", app_name="killed-writer")
