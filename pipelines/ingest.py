@@ -254,7 +254,12 @@ def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
     )
     # Not a regex "^\s*$": Java's "$" also matches before a final NEL, U+2028 or U+2029,
     # which made lines holding only one of them vanish uncounted.
-    return lines.where(F.btrim(F.col("raw"), F.lit(_BLANK_CHARS)) != F.lit(""))
+    # Trimmed (a copy of the whole line) only when the line is empty or starts with a blank
+    # character: a JSON line starts with "{" (trimming every line was ~6% of the JVM's samples
+    # in a profile of a 1M-row ingestion).
+    raw = F.col("raw")
+    may_be_blank = F.substring(raw, 1, 1).isin("", *_BLANK_CHARS)
+    return lines.where(F.when(may_be_blank, F.btrim(raw, F.lit(_BLANK_CHARS)) != F.lit("")).otherwise(F.lit(True)))
 
 
 def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: VeniceSettings) -> list[DataFrame]:
@@ -384,8 +389,14 @@ def _field_flags(fields: Column, typed: Column) -> list[Column]:
     return flags
 
 
-def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, Column]:
-    """Per reason, the problems of that kind a row has, as text ("" when none)."""
+def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, tuple[Column, Column]]:
+    """Per reason: whether a row has a problem of that kind, and the text listing them.
+
+    The text is a ``concat_ws`` of one piece per possible problem; the caller builds it only
+    for rows whose flag is set (``F.when(flag, text)``), so the great majority of rows, which
+    have no problem, never assemble five empty strings. (With the blank test of ``_text_lines``:
+    a 1M-row JSONL ingestion, warm JVM, median of three alternating runs, 11.4 s -> 10.4 s.)
+    """
 
     def kinds_with(table: dict[str, tuple[str, ...]], name: str) -> Column:
         kinds = [k for k, names in table.items() if name in names]
@@ -400,10 +411,11 @@ def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, Col
         return F.coalesce(typed[name] < 0, F.lit(False))
 
     vectors = [n for n, t in MESSAGE_FIELDS.items() if isinstance(t, T.MapType)]
+    # (condition, text when it holds) per possible problem.
     problems = {
-        "MISSING_FIELD": [F.when(required(n) & ~_present(n), F.lit(n)) for n in MESSAGE_FIELDS],
+        "MISSING_FIELD": [(required(n) & ~_present(n), F.lit(n)) for n in MESSAGE_FIELDS],
         "BAD_TYPE": [
-            F.when(
+            (
                 _bad_type(n),
                 F.concat(
                     F.lit(f"{n} ("),
@@ -414,21 +426,24 @@ def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, Col
             for n in MESSAGE_FIELDS
         ],
         "UNKNOWN_KIND": [
-            F.when(
-                ~kind.isin(list(KINDS)),
-                F.concat(F.lit("kind '"), kind, F.lit(f"' is not one of {', '.join(KINDS)}")),
-            )
+            (~kind.isin(list(KINDS)), F.concat(F.lit("kind '"), kind, F.lit(f"' is not one of {', '.join(KINDS)}")))
         ],
         "NEGATIVE_VALUE": [
-            F.when(negative(n), F.concat(F.lit(f"{n} = "), F.to_json(fields[n]))) for n in (*NON_NEGATIVE, *vectors)
+            (negative(n), F.concat(F.lit(f"{n} = "), F.to_json(fields[n]))) for n in (*NON_NEGATIVE, *vectors)
         ],
         "UNEXPECTED_FIELD": [
-            F.when(kinds_with(FORBIDDEN_BY_KIND, n) & _present(n), F.concat(F.lit(f"{n} on a "), kind))
+            (kinds_with(FORBIDDEN_BY_KIND, n) & _present(n), F.concat(F.lit(f"{n} on a "), kind))
             for n in MESSAGE_FIELDS
             if any(n in names for names in FORBIDDEN_BY_KIND.values())
         ],
     }
-    return {reason: F.concat_ws(", ", *columns) for reason, columns in problems.items()}
+    return {
+        reason: (
+            reduce(Column.__or__, [F.coalesce(condition, F.lit(False)) for condition, _ in pieces]),
+            F.concat_ws(", ", *[F.when(condition, text) for condition, text in pieces]),
+        )
+        for reason, pieces in problems.items()
+    }
 
 
 def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
@@ -487,7 +502,8 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
         "all_fields",
         "has_extra_fields",
         F.when(_present("replica") & ~_bad_type("replica"), typed["replica"]).alias("raw_replica"),
-        *[text.alias(f"problems_{code}") for code, text in listed.items()],
+        # Null when the row has no problem of that kind.
+        *[F.when(has, text).alias(f"problems_{code}") for code, (has, text) in listed.items()],
     )
 
     unreadable = F.col("read_error").isNotNull()
@@ -500,9 +516,9 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
         .when(malformed, F.lit("MALFORMED_JSON"))
     )
     for code in listed:
-        reason = reason.when(F.col(f"problems_{code}") != F.lit(""), F.lit(code))
+        reason = reason.when(F.col(f"problems_{code}").isNotNull(), F.lit(code))
     found = [
-        F.when(F.col(f"problems_{code}") != F.lit(""), F.concat(F.lit(code + ": "), F.col(f"problems_{code}")))
+        F.when(F.col(f"problems_{code}").isNotNull(), F.concat(F.lit(code + ": "), F.col(f"problems_{code}")))
         for code in listed
     ]
     decoded_detail = F.create_map(*[F.lit(x) for kv in REASON_DETAIL.items() for x in kv])[F.col("decoded_reason")]
