@@ -234,7 +234,8 @@ def test_the_cli_starts_spark_while_it_imports_and_the_run_gets_that_same_sessio
     # Catches: the background start (resources/session.py start_in_background, called by
     # `replica-lens audit` before it imports Dagster) giving the run a session without the
     # project's static settings, a second SparkContext, or a Dagster import on the CLI's early
-    # path (the overlap would then be lost).
+    # path (the overlap would then be lost); or the thread not starting Spark's Python workers
+    # (start_python_workers: the comparison's first task would start them and import its modules).
     import os
     import subprocess
     import sys
@@ -252,6 +253,13 @@ def test_the_cli_starts_spark_while_it_imports_and_the_run_gets_that_same_sessio
         "    seen.update(partitions=started.conf.get('spark.sql.shuffle.partitions'),\n"
         "                cache=started.conf.get('spark.sql.codegen.cache.maxEntries'),\n"
         "                reused=build_spark_session(master='local[1]', shuffle_partitions=7) is started)\n"
+        # What a fresh Python worker imports by itself (numpy comes with pyspark's Arrow path; pyarrow.compute
+        # does not): the comparison's modules are there only when the thread's warm-up job ran in that worker.
+        "    def probe(batches):\n"
+        "        import sys as s, pyarrow as pa\n"
+        "        for b in batches:\n"
+        "            yield pa.RecordBatch.from_pydict({'warm': ['pyarrow.compute' in s.modules]})\n"
+        "    seen['warm_worker'] = started.range(1).mapInArrow(probe, 'warm boolean').first()['warm']\n"
         "print(json.dumps(seen))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
@@ -263,4 +271,23 @@ def test_the_cli_starts_spark_while_it_imports_and_the_run_gets_that_same_sessio
     # The thread alone started the session with the project's static settings and the caller's; the
     # resource's later call gets that session back instead of starting another.
     assert seen == {"early_dagster": False, "alive": False, "started": True, "partitions": "7", "cache": "2000",
-                    "reused": True}
+                    "reused": True, "warm_worker": True}
+
+
+def test_python_batches_stay_bounded_by_rows_without_the_per_row_byte_check(spark):
+    # Catches: the session's Arrow settings (resources/session.py) leaving Python batches unbounded
+    # (e.g. maxRecordsPerBatch <= 0 together with no byte bound: a whole partition in one batch, in
+    # the comparison's worker memory), or the byte bound back at Spark's default, which measures the
+    # batch after every row (6% of the divergence step at 2M rows).
+    import pyarrow as pa
+
+    assert spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch") == str(2**31 - 1)
+    limit = int(spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch"))
+    assert 0 < limit <= 10_000
+
+    def sizes(batches):
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"rows": [batch.num_rows]})
+
+    seen = [r["rows"] for r in spark.range(0, 2 * limit + 5, 1, numPartitions=1).mapInArrow(sizes, "rows long").collect()]
+    assert sum(seen) == 2 * limit + 5 and max(seen) <= limit, seen
