@@ -255,11 +255,10 @@ def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
     # Not a regex "^\s*$": Java's "$" also matches before a final NEL, U+2028 or U+2029,
     # which made lines holding only one of them vanish uncounted.
     # Trimmed (a copy of the whole line) only when the line is empty or starts with a blank
-    # character: a JSON line starts with "{" (trimming every line was ~6% of the JVM's samples
-    # in a profile of a 1M-row ingestion).
+    # character (Spark's OR skips its right side when the left holds): a JSON line starts with "{".
     raw = F.col("raw")
     may_be_blank = F.substring(raw, 1, 1).isin("", *_BLANK_CHARS)
-    return lines.where(F.when(may_be_blank, F.btrim(raw, F.lit(_BLANK_CHARS)) != F.lit("")).otherwise(F.lit(True)))
+    return lines.where(~may_be_blank | (F.btrim(raw, F.lit(_BLANK_CHARS)) != F.lit("")))
 
 
 def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: VeniceSettings) -> list[DataFrame]:
@@ -394,8 +393,10 @@ def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, tup
 
     The text is a ``concat_ws`` of one piece per possible problem; the caller builds it only
     for rows whose flag is set (``F.when(flag, text)``), so the great majority of rows, which
-    have no problem, never assemble five empty strings. (With the blank test of ``_text_lines``:
-    a 1M-row JSONL ingestion, warm JVM, median of three alternating runs, 11.4 s -> 10.4 s.)
+    have no problem, never assemble five empty strings. With the blank test of ``_text_lines``,
+    the judged and accepted rows of the benchmark's 2M-row snapshot (warm JVM, ``noop`` write,
+    two alternating processes of three runs each against ``fad6826``): 15.8-16.3 s against
+    16.4-18.1 s (docs/performance.md).
     """
 
     def kinds_with(table: dict[str, tuple[str, ...]], name: str) -> Column:

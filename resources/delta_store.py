@@ -78,9 +78,10 @@ COMPACT_TARGET_BYTES = 100 * 1024 * 1024
 # values, hashes and texts mostly: the writer fills a dictionary per column chunk, checks
 # after every value whether to give up, and re-encodes as plain once it does. So every
 # table is written with dictionaries for its string columns only, less the ones below.
-# Measured on the 2-core development machine (1M-row tables, three alternating writes
-# each): heartbeat_segments 3.2-3.8 s -> 2.8-3.1 s, reconstructed_watermarks 3.0-3.6 s ->
-# 2.8-2.9 s, files no larger, reading them back no slower (docs/performance.md).
+# A small gain, close to the noise (docs/performance.md, 2M rows, three alternating rounds):
+# the raw table written in 3.0-3.5 s against 3.8-4.0 s, the segments in 9.6-11.9 s against
+# 10.8-12.5 s, files the same size; the watermarks read back from those segments took
+# 10.4-11.7 s against 10.1-10.2 s.
 DISTINCT_STRINGS = ("key", "value", "value_hash", "raw", "detail")
 DISTINCT_STRING_PREFIXES = ("witness_", "last_hash_")
 

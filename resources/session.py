@@ -29,6 +29,7 @@ STATUS_RETENTION = {
 
 DATAFRAME_DEBUGGING = "spark.python.sql.dataFrameDebugging.enabled"
 ARROW_MAX_BYTES_PER_BATCH = "spark.sql.execution.arrow.maxBytesPerBatch"
+NO_BYTE_BOUND = str(2**31 - 1)  # INT_MAX: Spark's sentinel for "no byte bound on Arrow batches"
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
@@ -87,7 +88,7 @@ def spark_config(
         # buffers: 6% of the divergence step's samples at 2M rows. INT_MAX turns the per-row
         # measurement off (Spark's own sentinel); measured on the 2M-row comparison, warm JVM,
         # alternating: 8.3-10.3 s -> 7.6-8.3 s.
-        ARROW_MAX_BYTES_PER_BATCH: str(2**31 - 1),
+        ARROW_MAX_BYTES_PER_BATCH: NO_BYTE_BOUND,
     }
     for option in JAVA_OPTION_KEYS:
         conf[option] = java_options((extra or {}).get(option, ""), driver=option == JAVA_OPTION_KEYS[0])
@@ -187,45 +188,20 @@ def has_native_delta(session: SparkSession) -> bool:
     return True
 
 
-def start_python_workers(session: SparkSession) -> None:
-    """Run one small job in Spark's Python workers, so that they are up and have numpy and pyarrow
-    imported before the audit's first Python job (the Leap Frog comparison) needs them.
-
-    Workers are reused between tasks (``spark.python.worker.reuse``), so the comparison's
-    tasks find them started. Measured on the benchmark's 1,468-row snapshot, three alternating
-    pairs of ``replica-lens audit`` processes: the divergence step 4.6-4.7 s -> 3.5-3.6 s.
-    """
-
-    def import_modules(batches):  # nested: pickled by value, the executors need no project code
-        import numpy  # noqa: F401
-        import pyarrow.compute  # noqa: F401
-
-        yield from batches
-
-    slots = session.sparkContext.defaultParallelism
-    session.range(0, slots, 1, numPartitions=slots).mapInArrow(import_modules, "id long").collect()
-
-
 def start_in_background(**kwargs) -> threading.Thread:
     """Start this process's Spark session (``build_spark_session(**kwargs)``) on a thread, and return it.
 
     Starting the JVM takes seconds that the caller can spend importing Dagster and
-    building its definitions; once it is up, the thread also starts the Python workers
-    (``start_python_workers``) while the audit's first steps run in the JVM. The run's
-    resource later asks for the same session and gets it (``getOrCreate`` waits for a start
-    in progress): ``kwargs`` must be the settings the resource will use, or the resource's
-    runtime settings win and its static ones are
+    building its definitions. The run's resource later asks for the same session and gets
+    it (``getOrCreate`` waits for a start in progress): ``kwargs`` must be the settings the
+    resource will use, or the resource's runtime settings win and its static ones are
     ignored. A failure to start is left for the resource to meet again and report.
     """
 
     def start() -> None:
         try:
-            session = build_spark_session(**kwargs)
+            build_spark_session(**kwargs)
         except Exception:  # noqa: BLE001 - the resource starts it again and reports the error
-            return
-        try:
-            start_python_workers(session)
-        except Exception:  # noqa: BLE001 - a job that needs the workers starts them itself
             pass
 
     thread = threading.Thread(target=start, name="spark-start", daemon=True)
