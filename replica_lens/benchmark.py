@@ -42,6 +42,7 @@ are noisy on a shared machine: compare the ratios within one run, not seconds ac
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import platform
@@ -123,26 +124,116 @@ def _jvm_pid(parent: Optional[int] = None) -> Optional[int]:
     return None
 
 
+# The JVM's own threads by what they do (Linux names a thread by its first 15 characters):
+# HotSpot's just-in-time compilers ("C1 CompilerThread0", "C2 CompilerThread0") and its
+# garbage collector's workers ("GC Thread#0"; "G1 ..." for G1's concurrent threads).
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+GC_THREADS = ("GC Thread#", "G1 ")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of the CPU times in /proc
+
+
+def _cpu_seconds(stat_path: str) -> Optional[float]:
+    """User + system CPU seconds from a ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat`` file."""
+    try:
+        with open(stat_path) as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class JvmCpu:
+    """CPU seconds a JVM has used since it started: in all, in its JIT compilers, in its garbage collector."""
+
+    total: float = 0.0
+    jit: float = 0.0
+    gc: float = 0.0
+
+    def __sub__(self, other: "JvmCpu") -> "JvmCpu":
+        return JvmCpu(self.total - other.total, self.jit - other.jit, self.gc - other.gc)
+
+    def rounded(self) -> dict[str, float]:
+        return {
+            "jvm_cpu_seconds": round(max(self.total, 0.0), 2),
+            "jit_cpu_seconds": round(max(self.jit, 0.0), 2),
+            "gc_cpu_seconds": round(max(self.gc, 0.0), 2),
+        }
+
+
+class JvmThreads:
+    """Reads a JVM's CPU time, split by thread kind, from ``/proc`` (nothing runs inside the JVM).
+
+    The process total includes threads that have ended; a compiler or GC thread that ends
+    (HotSpot adds and retires compiler threads as the queue grows and shrinks) keeps the
+    last value read for it.
+    """
+
+    def __init__(self, pid: int, proc: str = "/proc"):
+        self.root = f"{proc}/{pid}"
+        self._kind: dict[str, str] = {}  # thread id -> "jit", "gc" or "" (any other)
+        self._last: dict[str, float] = {}  # thread id -> CPU seconds when last read
+
+    def _kind_of(self, tid: str) -> str:
+        kind = self._kind.get(tid)
+        if kind is None:
+            try:
+                with open(f"{self.root}/task/{tid}/comm") as comm:
+                    name = comm.read().strip()
+            except OSError:
+                name = ""
+            kind = "jit" if name.startswith(JIT_THREADS) else "gc" if name.startswith(GC_THREADS) else ""
+            self._kind[tid] = kind
+        return kind
+
+    def read(self) -> Optional[JvmCpu]:
+        total = _cpu_seconds(f"{self.root}/stat")
+        if total is None:
+            return None
+        try:
+            tids = os.listdir(f"{self.root}/task")
+        except OSError:
+            tids = []
+        for tid in tids:
+            if self._kind_of(tid):
+                seconds = _cpu_seconds(f"{self.root}/task/{tid}/stat")
+                if seconds is not None:
+                    self._last[tid] = seconds
+        by_kind = {"jit": 0.0, "gc": 0.0}
+        for tid, seconds in self._last.items():
+            by_kind[self._kind[tid]] += seconds
+        return JvmCpu(total, by_kind["jit"], by_kind["gc"])
+
+
 class MemorySampler:
-    """Samples the resident memory of a Python process and of its Spark JVM every 100 ms.
+    """Samples a Python process and its Spark JVM every 100 ms: resident memory of both, the JVM's CPU time.
 
     ``pid`` is the Python process (default: this one); its JVM is found among its children.
+    The JVM's CPU is split into its JIT compilers' and its garbage collector's threads
+    (``JvmThreads``): a cold JVM spends a large part of an audit compiling.
     """
 
     def __init__(self, pid: Optional[int] = None, interval_s: float = 0.1):
         self.pid = pid or os.getpid()
         self.interval_s = interval_s
         self.samples: list[tuple[float, int, int]] = []  # (time, python KiB, jvm KiB)
+        self.cpu_samples: list[tuple[float, JvmCpu]] = []  # (time, the JVM's CPU so far)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._jvm: Optional[int] = None
+        self._threads: Optional[JvmThreads] = None
 
     def _run(self) -> None:
         while not self._stop.is_set():
             if self._jvm is None:
                 self._jvm = _jvm_pid(self.pid)
+                self._threads = JvmThreads(self._jvm) if self._jvm else None
             jvm = _rss_kib(self._jvm) if self._jvm else 0
-            self.samples.append((time.time(), _rss_kib(self.pid), jvm))
+            now = time.time()
+            self.samples.append((now, _rss_kib(self.pid), jvm))
+            cpu = self._threads.read() if self._threads else None
+            if cpu is not None:
+                self.cpu_samples.append((now, cpu))
             self._stop.wait(self.interval_s)
 
     def __enter__(self) -> "MemorySampler":
@@ -157,6 +248,28 @@ class MemorySampler:
         """(Python, JVM) peak resident MiB between two ``time.time()`` instants."""
         window = [s for s in self.samples if start <= s[0] <= end] or self.samples[-1:]
         return (max(s[1] for s in window) / 1024, max(s[2] for s in window) / 1024) if window else (0.0, 0.0)
+
+    def cpu_at(self, instant: float) -> JvmCpu:
+        """The JVM's CPU so far at ``instant``, interpolated between the samples around it."""
+        samples = self.cpu_samples
+        if not samples:
+            return JvmCpu()
+        after = bisect.bisect_left([t for t, _ in samples], instant)
+        if after == 0:
+            return samples[0][1]
+        if after == len(samples):
+            return samples[-1][1]
+        (t0, a), (t1, b) = samples[after - 1], samples[after]
+        share = (instant - t0) / (t1 - t0) if t1 > t0 else 1.0
+        return JvmCpu(*(x + (y - x) * share for x, y in ((a.total, b.total), (a.jit, b.jit), (a.gc, b.gc))))
+
+    def cpu_between(self, start: float, end: float) -> JvmCpu:
+        """CPU the JVM used between two ``time.time()`` instants."""
+        return self.cpu_at(end) - self.cpu_at(start)
+
+    def last_cpu(self) -> JvmCpu:
+        """The JVM's CPU at the last sample (for a JVM that has exited: up to one interval short)."""
+        return self.cpu_samples[-1][1] if self.cpu_samples else JvmCpu()
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,6 +433,11 @@ class ProcessRun:
     peak_python_mib: float
     peak_jvm_mib: float
     detail: dict[str, Any] = field(default_factory=dict)
+    # CPU seconds of the process's JVM from its start to the last sample before it exited:
+    # in all, in its JIT compilers, in its garbage collector.
+    jvm_cpu_seconds: float = 0.0
+    jit_cpu_seconds: float = 0.0
+    gc_cpu_seconds: float = 0.0
 
 
 def _child_env() -> dict[str, str]:
@@ -344,7 +462,8 @@ def _time_process(command: list[str]) -> tuple[ProcessRun, str, str]:
         stdout, stderr = child.communicate()
     seconds = time.perf_counter() - start
     peak_py, peak_jvm = sampler.peak_bytes()
-    return ProcessRun(round(seconds, 2), child.returncode, round(peak_py, 1), round(peak_jvm, 1)), stdout, stderr
+    run = ProcessRun(round(seconds, 2), child.returncode, round(peak_py, 1), round(peak_jvm, 1), **sampler.last_cpu().rounded())
+    return run, stdout, stderr
 
 
 def _tail(text: str, lines: int = 15) -> str:
@@ -405,6 +524,11 @@ class StepFigures:
     shuffle_read_bytes: int = 0
     shuffle_write_bytes: int = 0
     disk_spill_bytes: int = 0
+    # CPU seconds the driver JVM used during the step (sampled from /proc every 100 ms): in all,
+    # in its JIT compilers, in its garbage collector.
+    jvm_cpu_seconds: float = 0.0
+    jit_cpu_seconds: float = 0.0
+    gc_cpu_seconds: float = 0.0
 
 
 @dataclass
@@ -430,6 +554,9 @@ class VariantFigures:
     # Spark over the whole in-process audit (steps and Dagster's work between them);
     # complete is False when the status store had dropped some of its jobs.
     spark: dict[str, Any] = field(default_factory=dict)
+    # The driver JVM's CPU seconds over the whole in-process audit (jvm_cpu_seconds,
+    # jit_cpu_seconds, gc_cpu_seconds).
+    cpu: dict[str, float] = field(default_factory=dict)
 
 
 def _median(values: list[float]) -> Optional[float]:
@@ -514,6 +641,7 @@ def run_variant(
     figures.ratio_to_parse_floor = round(total / parse_floor, 2) if parse_floor else float("nan")
     figures.success = figures.success and audit.success
     figures.spark = {**asdict(activity.between(wall_start, wall_end)), "complete": activity.complete_after(jobs_before)}
+    figures.cpu = sampler.cpu_between(wall_start, wall_end).rounded()
     for stats in instance.get_run_step_stats(audit.run_id):
         if stats.start_time is None or stats.end_time is None:
             continue
@@ -538,6 +666,7 @@ def run_variant(
                 tables=tables,
                 **{f"spark_{k}" if k in ("jobs", "stages") else k: v
                    for k, v in asdict(activity.between(stats.start_time, stats.end_time)).items()},
+                **sampler.cpu_between(stats.start_time, stats.end_time).rounded(),
             )
         )
     figures.peak_jvm_mib = max((s.peak_jvm_mib for s in figures.steps), default=0.0)
@@ -691,17 +820,19 @@ def print_report(report: dict) -> None:
                 if "session_seconds" in detail:
                     inner = f" (session {detail['session_seconds']} s, pass {detail['pass_seconds']} s, {detail.get('rows_written')} rows written)"
                 failed = "" if run["exit_code"] == 0 else f" EXIT {run['exit_code']}: {detail.get('stderr_tail', '')[-300:]}"
-                print(f"  {kind:<15} {run['seconds']:>8} s  jvm {run['peak_jvm_mib']:>7} MiB  py {run['peak_python_mib']:>6} MiB{inner}{failed}")
+                cpu = f"  JVM CPU {run.get('jvm_cpu_seconds', 0)} s (JIT {run.get('jit_cpu_seconds', 0)} s, GC {run.get('gc_cpu_seconds', 0)} s)"
+                print(f"  {kind:<15} {run['seconds']:>8} s  jvm {run['peak_jvm_mib']:>7} MiB  py {run['peak_python_mib']:>6} MiB{cpu}{inner}{failed}")
         width = max([26] + [len(step["step"]) for step in variant["steps"]])
         print(
             f"  {'step':<{width}} {'seconds':>8} {'jobs':>5} {'stages':>6} {'shuffle rd':>11} {'shuffle wr':>11} "
-            f"{'spilled':>9} {'rows in':>10} {'rows out':>10} {'jvm MiB':>8} {'py MiB':>7}"
+            f"{'spilled':>9} {'rows in':>10} {'rows out':>10} {'jvm MiB':>8} {'py MiB':>7} {'CPU s':>7} {'JIT s':>7} {'GC s':>6}"
         )
         for step in variant["steps"]:
             print(
                 f"  {step['step']:<{width}} {step['seconds']:>8} {step['spark_jobs']:>5} {step['spark_stages']:>6} "
                 f"{_bytes(step['shuffle_read_bytes']):>11} {_bytes(step['shuffle_write_bytes']):>11} {_bytes(step['disk_spill_bytes']):>9} "
-                f"{step['rows_in']!s:>10} {sum(step['rows_out'].values()):>10} {step['peak_jvm_mib']:>8} {step['peak_python_mib']:>7}"
+                f"{step['rows_in']!s:>10} {sum(step['rows_out'].values()):>10} {step['peak_jvm_mib']:>8} {step['peak_python_mib']:>7} "
+                f"{step.get('jvm_cpu_seconds', 0):>7} {step.get('jit_cpu_seconds', 0):>7} {step.get('gc_cpu_seconds', 0):>6}"
             )
             for table, times in sorted(step.get("tables", {}).items()):
                 print(f"      {table:<{width - 4}} " + "  ".join(f"{key.replace('_seconds', '')} {value} s" for key, value in times.items()))
@@ -716,6 +847,12 @@ def print_report(report: dict) -> None:
                 f"  {'whole in-process audit':<{width}} {variant['audit_seconds']:>8} {spark['jobs']:>5} {spark['stages']:>6} "
                 f"{_bytes(spark['shuffle_read_bytes']):>11} {_bytes(spark['shuffle_write_bytes']):>11} {_bytes(spark['disk_spill_bytes']):>9}"
                 + ("" if spark.get("complete", True) else "  (status store dropped jobs: Spark figures incomplete)")
+            )
+        cpu = variant.get("cpu") or {}
+        if cpu:
+            print(
+                f"  driver JVM CPU over the in-process audit: {cpu['jvm_cpu_seconds']} s, of which JIT compilers "
+                f"{cpu['jit_cpu_seconds']} s, garbage collector {cpu['gc_cpu_seconds']} s"
             )
     if "hot_to_uniform" in report:
         print()

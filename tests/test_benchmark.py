@@ -23,7 +23,7 @@ import pytest
 from dagster import AssetKey
 
 import replica_lens.simulator as simulator
-from replica_lens.benchmark import STEP_INPUTS, benchmark
+from replica_lens.benchmark import CLOCK_TICKS, STEP_INPUTS, JvmCpu, JvmThreads, MemorySampler, benchmark
 from replica_lens.definitions import defs
 from replica_lens.jobs import AUDIT_JOB
 
@@ -38,7 +38,8 @@ VARIANT_FIELDS = {
     "variant", "version_topic_rows", "floor_seconds", "parse_floor_seconds", "audit_seconds",
     "ratio_to_floor", "ratio_to_parse_floor", "steps", "peak_jvm_mib", "success",
 }
-STEP_FIELDS = {"step", "seconds", "rows_in", "rows_out", "peak_python_mib", "peak_jvm_mib", "tables"}
+CPU_FIELDS = {"jvm_cpu_seconds", "jit_cpu_seconds", "gc_cpu_seconds"}
+STEP_FIELDS = {"step", "seconds", "rows_in", "rows_out", "peak_python_mib", "peak_jvm_mib", "tables"} | CPU_FIELDS
 TABLE_TIMING_FIELDS = {"write_seconds", "commit_seconds"}
 ROUNDING_S = 0.005  # the benchmark rounds seconds to 10 ms
 
@@ -195,3 +196,75 @@ def test_step_figures_fit_inside_the_run(run):
             assert 100 < step["peak_jvm_mib"] < memory, (name, step["step"], step["peak_jvm_mib"])
             assert 30 < step["peak_python_mib"] < memory, (name, step["step"], step["peak_python_mib"])
         assert variant["peak_jvm_mib"] == max(step["peak_jvm_mib"] for step in steps), name
+
+
+def _consistent_cpu(figures: dict, seconds: float, where) -> None:
+    """CPU split fits: compilers and collector within the total, the total within the cores' time."""
+    jvm, jit, gc = (figures[k] for k in ("jvm_cpu_seconds", "jit_cpu_seconds", "gc_cpu_seconds"))
+    assert jvm >= 0 and jit >= 0 and gc >= 0, (where, figures)
+    assert jit + gc <= jvm + 2 * ROUNDING_S, (where, figures)
+    # Interpolated between samples 100 ms apart: at most one interval's worth of every core over.
+    assert jvm <= (seconds + 0.2) * os.cpu_count(), (where, figures, seconds)
+
+
+def test_the_jvm_cpu_is_split_into_compilers_and_collector_per_step_and_per_process(run):
+    report, _, _ = run
+    for variant in report["variants"]:
+        name, audit = variant["variant"], variant["cpu"]
+        _consistent_cpu(audit, variant["audit_seconds"], name)
+        # The JIT compilers' threads were found: HotSpot compiles during any audit, even in a warm JVM.
+        assert audit["jit_cpu_seconds"] > 0, (name, audit)
+        steps = variant["steps"]
+        for step in steps:
+            _consistent_cpu(step, step["seconds"], (name, step["step"]))
+        # Steps are disjoint windows inside the audit's.
+        for key in CPU_FIELDS:
+            assert sum(step[key] for step in steps) <= audit[key] + len(steps) * 2 * ROUNDING_S, (name, key)
+        for kind in ("essential_pass_runs", "audit_process_runs"):
+            for process in variant[kind]:
+                _consistent_cpu(process, process["seconds"], (name, kind))
+                # A fresh JVM compiles from its first second: no JIT time means its threads were not read.
+                assert process["jit_cpu_seconds"] > 0 and process["jvm_cpu_seconds"] > process["jit_cpu_seconds"], (
+                    name, kind, process)
+
+
+def _fake_thread(root, tid: str, name: str, ticks: int) -> None:
+    task = root / "task" / tid
+    task.mkdir(parents=True, exist_ok=True)
+    (task / "comm").write_text(name + "\n")
+    # /proc/<pid>/task/<tid>/stat: utime and stime are the 14th and 15th fields (the name may hold spaces).
+    (task / "stat").write_text(f"{tid} ({name}) S 1 1 1 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0\n")
+
+
+def test_jvm_threads_are_classified_by_name_and_an_ended_compiler_keeps_its_time(tmp_path):
+    """Against a fake /proc: a misread stat field, a wrong thread name, or a compiler thread
+    whose time vanishes when HotSpot retires it would each change the split."""
+    root = tmp_path / "4242"
+    (root / "task").mkdir(parents=True)
+    (root / "stat").write_text(f"4242 (java) S 1 1 1 0 -1 0 0 0 0 0 {50 * CLOCK_TICKS} {10 * CLOCK_TICKS} 0 0 20 0 9 0\n")
+    _fake_thread(root, "4243", "C2 CompilerThre", 7 * CLOCK_TICKS)
+    _fake_thread(root, "4244", "C1 CompilerThre", 2 * CLOCK_TICKS)
+    _fake_thread(root, "4245", "GC Thread#0", 3 * CLOCK_TICKS)
+    _fake_thread(root, "4246", "Executor task l", 30 * CLOCK_TICKS)
+    _fake_thread(root, "4247", "G1 Conc#0", 1 * CLOCK_TICKS)
+    threads = JvmThreads(4242, proc=str(tmp_path))
+    assert threads.read() == JvmCpu(total=60.0, jit=9.0, gc=4.0)
+    # HotSpot retires an idle compiler thread: its 7 s were spent all the same.
+    for entry in (root / "task" / "4243").iterdir():
+        entry.unlink()
+    (root / "task" / "4243").rmdir()
+    _fake_thread(root, "4244", "C1 CompilerThre", 3 * CLOCK_TICKS)
+    assert threads.read() == JvmCpu(total=60.0, jit=10.0, gc=4.0)
+    # The JVM has exited: nothing to read.
+    assert JvmThreads(9999, proc=str(tmp_path)).read() is None
+
+
+def test_cpu_between_two_instants_interpolates_between_samples():
+    sampler = MemorySampler(pid=os.getpid())  # not started: samples set by hand
+    sampler.cpu_samples = [(10.0, JvmCpu(1.0, 0.5, 0.0)), (11.0, JvmCpu(3.0, 1.5, 0.2)), (12.0, JvmCpu(4.0, 1.5, 0.2))]
+    middle = sampler.cpu_between(10.5, 11.5)
+    assert (middle.total, middle.jit, middle.gc) == pytest.approx((1.5, 0.5, 0.1))
+    # Outside the samples: the nearest one (nothing measured before the first or after the last).
+    assert sampler.cpu_between(0.0, 10.0) == JvmCpu(0.0, 0.0, 0.0)
+    assert sampler.cpu_between(11.0, 99.0) == JvmCpu(1.0, 0.0, 0.0)
+    assert sampler.last_cpu() == JvmCpu(4.0, 1.5, 0.2)
