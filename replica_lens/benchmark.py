@@ -557,6 +557,9 @@ class VariantFigures:
     # The driver JVM's CPU seconds over the whole in-process audit (jvm_cpu_seconds,
     # jit_cpu_seconds, gc_cpu_seconds).
     cpu: dict[str, float] = field(default_factory=dict)
+    # The same audit again in the same JVM (--in-process-audits), each into a fresh warehouse:
+    # seconds, success and the JVM's CPU (what the audit costs once its code is compiled).
+    repeated_audits: list[dict] = field(default_factory=list)
 
 
 def _median(values: list[float]) -> Optional[float]:
@@ -598,6 +601,7 @@ def run_variant(
     process_runs: int = 1,
     requested_rows: int = 0,
     keep: bool = False,
+    in_process_audits: int = 1,
 ) -> VariantFigures:
     import dagster as dg
 
@@ -670,6 +674,20 @@ def run_variant(
             )
         )
     figures.peak_jvm_mib = max((s.peak_jvm_mib for s in figures.steps), default=0.0)
+    for i in range(1, in_process_audits):
+        again = workdir / f"warehouse-{name}-again-{i}"
+        start, wall_start = time.perf_counter(), time.time()
+        repeated = run_audit(snapshot_id, str(landing), str(again), instance=dg.DagsterInstance.ephemeral(), **settings)
+        figures.repeated_audits.append(
+            {
+                "seconds": round(time.perf_counter() - start, 2),
+                "success": repeated.success,
+                **sampler.cpu_between(wall_start, time.time()).rounded(),
+            }
+        )
+        figures.success = figures.success and repeated.success
+        if not keep:
+            shutil.rmtree(again, ignore_errors=True)
     return figures
 
 
@@ -708,11 +726,14 @@ def benchmark(
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     keep: bool = False,
     process_runs: int = 1,
+    in_process_audits: int = 1,
 ) -> dict:
     """Run every variant; return the report (and write it as JSON to ``out``).
 
     ``process_runs`` is how many times the essential pass and the audit process are run per
     variant (their medians are reported); 0 skips them (floors and per-step figures only).
+    ``in_process_audits`` is how many times each variant is audited in this process's JVM: the
+    first gives the per-step figures, each later one its seconds and CPU (``repeated_audits``).
     """
     from replica_lens.simulator import SimulationConfig
     from resources.errors import InvalidSetting
@@ -745,13 +766,15 @@ def benchmark(
                 file_format="jsonl",
             )
             results.append(
-                run_variant(variant, base, config, spark, settings, sampler, process_runs=process_runs, requested_rows=size, keep=keep)
+                run_variant(variant, base, config, spark, settings, sampler, process_runs=process_runs, requested_rows=size,
+                            keep=keep, in_process_audits=in_process_audits)
             )
     report = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark": spark.version},
         "commit": _commit(),
         "requested_rows": rows,
         "process_runs": process_runs,
+        "in_process_audits": in_process_audits,
         "variants": [asdict(r) for r in results],
     }
     by_name = {r.variant: r for r in results}
@@ -853,6 +876,12 @@ def print_report(report: dict) -> None:
             print(
                 f"  driver JVM CPU over the in-process audit: {cpu['jvm_cpu_seconds']} s, of which JIT compilers "
                 f"{cpu['jit_cpu_seconds']} s, garbage collector {cpu['gc_cpu_seconds']} s"
+            )
+        for again in variant.get("repeated_audits", []):
+            print(
+                f"  the same audit again in this JVM: {again['seconds']} s{'' if again['success'] else ' (RUN FAILED)'}, "
+                f"JVM CPU {again['jvm_cpu_seconds']} s, of which JIT compilers {again['jit_cpu_seconds']} s, "
+                f"garbage collector {again['gc_cpu_seconds']} s"
             )
     if "hot_to_uniform" in report:
         print()

@@ -137,6 +137,7 @@ def _benchmark(args: argparse.Namespace) -> int:
         shuffle_partitions=args.shuffle_partitions,
         keep=args.keep,
         process_runs=args.process_runs,
+        in_process_audits=args.in_process_audits,
     )
     print_report(report)
     print(f"results written to {args.json}")
@@ -294,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="whole-process runs of the essential pass and of `replica-lens audit` per variant, alternating; "
         "the medians are reported (0: skip them, floors and per-step figures only)",
+    )
+    bench.add_argument(
+        "--in-process-audits",
+        type=int,
+        default=1,
+        help="audits of each variant in the benchmark's own JVM, one after another: the first gives the per-step "
+        "figures, later ones show what the same audit costs in a JVM that has run it before (its code compiled)",
     )
     bench.add_argument("--json", default="bench-results/benchmark.json", help="where to write the results")
     bench.add_argument("--workdir", help="folder for the simulated snapshots and tables (default: a temporary one)")

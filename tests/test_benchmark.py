@@ -36,7 +36,7 @@ REPORT_FIELDS = {"machine", "requested_rows", "variants", "hot_to_uniform"}
 MACHINE_FIELDS = {"cpus", "python", "spark"}
 VARIANT_FIELDS = {
     "variant", "version_topic_rows", "floor_seconds", "parse_floor_seconds", "audit_seconds",
-    "ratio_to_floor", "ratio_to_parse_floor", "steps", "peak_jvm_mib", "success",
+    "ratio_to_floor", "ratio_to_parse_floor", "steps", "peak_jvm_mib", "success", "cpu", "repeated_audits",
 }
 CPU_FIELDS = {"jvm_cpu_seconds", "jit_cpu_seconds", "gc_cpu_seconds"}
 STEP_FIELDS = {"step", "seconds", "rows_in", "rows_out", "peak_python_mib", "peak_jvm_mib", "tables"} | CPU_FIELDS
@@ -68,7 +68,7 @@ def run(spark, tmp_path_factory):
     out = tmp / "bench.json"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(simulator, "simulate", recording_simulate)
-        report = benchmark(rows=ROWS, variants=VARIANTS, out=str(out), workdir=str(tmp / "work"))
+        report = benchmark(rows=ROWS, variants=VARIANTS, out=str(out), workdir=str(tmp / "work"), in_process_audits=2)
     assert len(simulated) == len(VARIANTS), "the benchmark should simulate one snapshot per variant"
     return report, out.read_text(encoding="utf-8"), dict(zip(VARIANTS, simulated))
 
@@ -268,3 +268,16 @@ def test_cpu_between_two_instants_interpolates_between_samples():
     assert sampler.cpu_between(0.0, 10.0) == JvmCpu(0.0, 0.0, 0.0)
     assert sampler.cpu_between(11.0, 99.0) == JvmCpu(1.0, 0.0, 0.0)
     assert sampler.last_cpu() == JvmCpu(4.0, 1.5, 0.2)
+
+
+def test_the_audit_is_repeated_in_the_same_jvm_when_asked(run):
+    """--in-process-audits 2: one more audit per variant, after the per-step one, with its own figures."""
+    report, _, _ = run
+    assert report["in_process_audits"] == 2
+    for variant in report["variants"]:
+        name, repeated = variant["variant"], variant["repeated_audits"]
+        assert len(repeated) == 1, (name, repeated)
+        again = repeated[0]
+        assert again["success"] is True, (name, again)
+        assert again["seconds"] > 0 and again["jvm_cpu_seconds"] > 0, (name, again)
+        _consistent_cpu(again, again["seconds"], (name, "repeated"))
