@@ -92,7 +92,7 @@ ESSENTIAL_MARKER = "ESSENTIAL_PASS "  # the line the essential pass prints its o
 
 
 # ---------------------------------------------------------------------------------------
-# Memory: resident set sizes read from /proc.
+# Processes: resident memory and CPU time read from /proc.
 
 
 def _rss_kib(pid: int) -> int:
@@ -106,6 +106,18 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+def _stat_fields(stat_path: str) -> Optional[list[str]]:
+    """The fields of a ``/proc`` stat file after the command name (which may hold spaces and ")"): state, ppid, ...
+
+    None when the process or thread is gone.
+    """
+    try:
+        with open(stat_path) as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _jvm_pid(parent: Optional[int] = None) -> Optional[int]:
     """The Spark driver JVM started by ``parent`` (default: this process; PySpark launches it as a child)."""
     parent = parent or os.getpid()
@@ -113,9 +125,8 @@ def _jvm_pid(parent: Optional[int] = None) -> Optional[int]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == parent:
+            fields = _stat_fields(f"/proc/{entry}/stat")
+            if fields and int(fields[1]) == parent:
                 with open(f"/proc/{entry}/cmdline", "rb") as cmd:
                     if b"java" in cmd.read():
                         return int(entry)
@@ -134,11 +145,10 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of the CPU times in /proc
 
 def _cpu_seconds(stat_path: str) -> Optional[float]:
     """User + system CPU seconds from a ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat`` file."""
+    fields = _stat_fields(stat_path)
     try:
-        with open(stat_path) as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    except (OSError, IndexError, ValueError):
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS if fields else None
+    except (IndexError, ValueError):
         return None
 
 
@@ -154,11 +164,7 @@ class JvmCpu:
         return JvmCpu(self.total - other.total, self.jit - other.jit, self.gc - other.gc)
 
     def rounded(self) -> dict[str, float]:
-        return {
-            "jvm_cpu_seconds": round(max(self.total, 0.0), 2),
-            "jit_cpu_seconds": round(max(self.jit, 0.0), 2),
-            "gc_cpu_seconds": round(max(self.gc, 0.0), 2),
-        }
+        return {"jvm_cpu_seconds": round(self.total, 2), "jit_cpu_seconds": round(self.jit, 2), "gc_cpu_seconds": round(self.gc, 2)}
 
 
 class JvmThreads:
@@ -205,7 +211,7 @@ class JvmThreads:
         return JvmCpu(total, by_kind["jit"], by_kind["gc"])
 
 
-class MemorySampler:
+class ProcessSampler:
     """Samples a Python process and its Spark JVM every 100 ms: resident memory of both, the JVM's CPU time.
 
     ``pid`` is the Python process (default: this one); its JVM is found among its children.
@@ -236,7 +242,7 @@ class MemorySampler:
                 self.cpu_samples.append((now, cpu))
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> "MemorySampler":
+    def __enter__(self) -> "ProcessSampler":
         self._thread.start()
         return self
 
@@ -458,7 +464,7 @@ def _time_process(command: list[str]) -> tuple[ProcessRun, str, str]:
     """Run ``command`` to its exit; wall time includes the exit of its JVM (the pipes close then)."""
     start = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env())
-    with MemorySampler(pid=child.pid) as sampler:
+    with ProcessSampler(pid=child.pid) as sampler:
         stdout, stderr = child.communicate()
     seconds = time.perf_counter() - start
     peak_py, peak_jvm = sampler.peak_bytes()
@@ -597,7 +603,7 @@ def run_variant(
     sim_config,
     spark,
     settings: dict,
-    sampler: MemorySampler,
+    sampler: ProcessSampler,
     process_runs: int = 1,
     requested_rows: int = 0,
     keep: bool = False,
@@ -742,6 +748,8 @@ def benchmark(
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         raise InvalidSetting(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
+    if in_process_audits < 1:
+        raise InvalidSetting(f"in_process_audits must be at least 1 (the audit that gives the per-step figures); got {in_process_audits}")
     # This process's JVM starts once, before any measurement; every variant reuses it. It keeps
     # every job and stage in its status store (STATUS_RETENTION); nothing else differs from the
     # audit's session. A session started earlier (the tests' one) keeps its own limits; then
@@ -751,7 +759,7 @@ def benchmark(
     base.mkdir(parents=True, exist_ok=True)
     settings = {"spark_master": "local[*]", "delta_jars_dir": None, "shuffle_partitions": shuffle_partitions}
     results = []
-    with MemorySampler() as sampler:
+    with ProcessSampler() as sampler:
         for variant in variants:
             spec = VARIANTS[variant]
             size = spec.rows or rows

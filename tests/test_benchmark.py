@@ -23,7 +23,7 @@ import pytest
 from dagster import AssetKey
 
 import replica_lens.simulator as simulator
-from replica_lens.benchmark import CLOCK_TICKS, STEP_INPUTS, JvmCpu, JvmThreads, MemorySampler, benchmark
+from replica_lens.benchmark import CLOCK_TICKS, STEP_INPUTS, JvmCpu, JvmThreads, ProcessSampler, benchmark
 from replica_lens.definitions import defs
 from replica_lens.jobs import AUDIT_JOB
 
@@ -260,7 +260,7 @@ def test_jvm_threads_are_classified_by_name_and_an_ended_compiler_keeps_its_time
 
 
 def test_cpu_between_two_instants_interpolates_between_samples():
-    sampler = MemorySampler(pid=os.getpid())  # not started: samples set by hand
+    sampler = ProcessSampler(pid=os.getpid())  # not started: samples set by hand
     sampler.cpu_samples = [(10.0, JvmCpu(1.0, 0.5, 0.0)), (11.0, JvmCpu(3.0, 1.5, 0.2)), (12.0, JvmCpu(4.0, 1.5, 0.2))]
     middle = sampler.cpu_between(10.5, 11.5)
     assert (middle.total, middle.jit, middle.gc) == pytest.approx((1.5, 0.5, 0.1))

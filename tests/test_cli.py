@@ -24,6 +24,8 @@ def test_an_existing_snapshot_and_an_unknown_benchmark_variant_are_usage_errors(
     out = tmp_path / "bench.json"
     assert main(["benchmark", "--variants", "nope", "--json", str(out), "--process-runs", "0"]) == EXIT_USAGE
     assert "unknown variant(s) nope" in capsys.readouterr().err
+    assert main(["benchmark", "--variants", "tiny", "--in-process-audits", "0", "--json", str(out), "--process-runs", "0"]) == EXIT_USAGE
+    assert "in_process_audits must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("verbose", [False, True])
