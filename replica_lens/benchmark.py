@@ -25,6 +25,12 @@ tiny, a ~1,500-row snapshot for the fixed cost) it simulates a snapshot and meas
    Spark driver JVM and of this Python process, and per table it wrote the timings its
    materialization carries (``write_seconds``, ``check_seconds``, ``commit_seconds``:
    whichever the assets record).
+4. **The output floor**, in this process's JVM after the in-process audit: each per-row
+   table the audit wrote (the raw table, segments, watermarks, the carried state) read
+   alone, then read and written again as Parquet with the audit's writer options
+   (:func:`output_floor`). The difference is what writing that table costs by itself, so a
+   step's ``write_seconds`` minus it is what computing the table costs; their sum,
+   ``output_write_seconds``, is a floor under any audit that writes these tables.
 
 This process's JVM serves the floors and the in-process audits of every variant, so its
 resident memory only grows: a variant's ``peak_jvm_mib`` includes what earlier variants
@@ -389,6 +395,51 @@ def _parse_floor_seconds(spark, folder: str) -> float:
     return time.perf_counter() - start
 
 
+# The per-row tables of an audit: the SPEC's raw table, segments and watermarks (sections
+# 1-3), and the state carried to the next snapshot. Every audit writes each once.
+OUTPUT_FLOOR_TABLES = ("raw_topic_snapshots", "heartbeat_segments", "reconstructed_watermarks", "replica_state")
+
+
+def output_floor(spark, warehouse: Path, snapshot_id: str, scratch: Path) -> dict[str, dict[str, Any]]:
+    """What writing each per-row table costs by itself, measured on the audit's own rows in this JVM.
+
+    Per table of ``OUTPUT_FLOOR_TABLES``: the snapshot's committed rows are read and thrown
+    away (``noop``: ``read_seconds``), then read and written again as Parquet with the
+    audit's writer options into ``scratch`` (``copy_seconds``; the copy is removed). Their
+    difference, ``write_seconds``, is what the write alone costs: a floor for the step that
+    computes the table, whatever the computation. It is not clamped: noise can make it
+    slightly negative on a small table. ``rows`` is counted by the copy (an observation).
+    """
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    from resources.delta_store import PARTITION_COLUMN, DeltaStore, parquet_options
+    from schemas.registry import struct_for
+
+    store = DeltaStore(warehouse_root=str(warehouse))
+    floor = {}
+    for table in OUTPUT_FLOOR_TABLES:
+        struct = struct_for(table)
+        # Written as the audit writes a snapshot: without the partition column, into its own folder.
+        rows = store.read_snapshot(spark, table, snapshot_id, struct).drop(PARTITION_COLUMN)
+        start = time.perf_counter()
+        rows.write.format("noop").mode("overwrite").save()
+        read = time.perf_counter() - start
+        counted = Observation()
+        target = scratch / f"output-floor-{table}"
+        start = time.perf_counter()
+        rows.observe(counted, F.count(F.lit(1)).alias("rows")).write.mode("errorifexists").options(
+            **parquet_options(struct)
+        ).parquet(str(target))
+        copy = time.perf_counter() - start
+        shutil.rmtree(target, ignore_errors=True)
+        read, copy = round(read, 2), round(copy, 2)
+        # From the rounded figures, so that the report's three add up exactly.
+        floor[table] = {"rows": int(counted.get["rows"]), "read_seconds": read, "copy_seconds": copy,
+                        "write_seconds": round(copy - read, 2)}
+    return floor
+
+
 # ---------------------------------------------------------------------------------------
 # The essential pass and the audit, each as a whole process.
 
@@ -566,6 +617,10 @@ class VariantFigures:
     # The same audit again in the same JVM (--in-process-audits), each into a fresh warehouse:
     # seconds, success and the JVM's CPU (what the audit costs once its code is compiled).
     repeated_audits: list[dict] = field(default_factory=list)
+    # Per per-row table (OUTPUT_FLOOR_TABLES): its rows read alone and read and written again
+    # as Parquet in this JVM after the audit (``output_floor``), and the write's share.
+    output_floor: dict[str, dict[str, Any]] = field(default_factory=dict)
+    output_write_seconds: Optional[float] = None  # the writes' sum: what the tables cost to write at least
 
 
 def _median(values: list[float]) -> Optional[float]:
@@ -680,6 +735,9 @@ def run_variant(
             )
         )
     figures.peak_jvm_mib = max((s.peak_jvm_mib for s in figures.steps), default=0.0)
+    if audit.success:
+        figures.output_floor = output_floor(spark, warehouse, snapshot_id, workdir)
+        figures.output_write_seconds = round(sum(t["write_seconds"] for t in figures.output_floor.values()), 2)
     for i in range(1, in_process_audits):
         again = workdir / f"warehouse-{name}-again-{i}"
         start, wall_start = time.perf_counter(), time.time()
@@ -885,6 +943,13 @@ def print_report(report: dict) -> None:
                 f"  driver JVM CPU over the in-process audit: {cpu['jvm_cpu_seconds']} s, of which JIT compilers "
                 f"{cpu['jit_cpu_seconds']} s, garbage collector {cpu['gc_cpu_seconds']} s"
             )
+        for table, costs in variant.get("output_floor", {}).items():
+            print(
+                f"  output floor {table}: {costs['rows']} rows read {costs['read_seconds']} s, read and written "
+                f"{costs['copy_seconds']} s: the write alone {costs['write_seconds']} s"
+            )
+        if variant.get("output_write_seconds") is not None:
+            print(f"  output floor, the per-row tables' writes together: {variant['output_write_seconds']} s")
         for again in variant.get("repeated_audits", []):
             print(
                 f"  the same audit again in this JVM: {again['seconds']} s{'' if again['success'] else ' (RUN FAILED)'}, "

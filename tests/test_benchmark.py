@@ -23,7 +23,7 @@ import pytest
 from dagster import AssetKey
 
 import replica_lens.simulator as simulator
-from replica_lens.benchmark import CLOCK_TICKS, STEP_INPUTS, JvmCpu, JvmThreads, ProcessSampler, benchmark
+from replica_lens.benchmark import CLOCK_TICKS, OUTPUT_FLOOR_TABLES, STEP_INPUTS, JvmCpu, JvmThreads, ProcessSampler, benchmark
 from replica_lens.definitions import defs
 from replica_lens.jobs import AUDIT_JOB
 
@@ -37,6 +37,7 @@ MACHINE_FIELDS = {"cpus", "python", "spark"}
 VARIANT_FIELDS = {
     "variant", "version_topic_rows", "floor_seconds", "parse_floor_seconds", "audit_seconds",
     "ratio_to_floor", "ratio_to_parse_floor", "steps", "peak_jvm_mib", "success", "cpu", "repeated_audits",
+    "output_floor", "output_write_seconds",
 }
 CPU_FIELDS = {"jvm_cpu_seconds", "jit_cpu_seconds", "gc_cpu_seconds"}
 STEP_FIELDS = {"step", "seconds", "rows_in", "rows_out", "peak_python_mib", "peak_jvm_mib", "tables"} | CPU_FIELDS
@@ -281,3 +282,26 @@ def test_the_audit_is_repeated_in_the_same_jvm_when_asked(run):
         assert again["success"] is True, (name, again)
         assert again["seconds"] > 0 and again["jvm_cpu_seconds"] > 0, (name, again)
         _consistent_cpu(again, again["seconds"], (name, "repeated"))
+
+
+def test_the_output_floor_rewrites_each_per_row_table_the_audit_wrote(run):
+    """Each per-row table read back and written again: the rows the step wrote, and the write's share.
+
+    Fails if a table is left out or another is measured, if the copy read another table or
+    lost rows (its observed count differs from the step's), or if the write's share or the
+    sum is not computed from the two timings.
+    """
+    report, _, _ = run
+    for variant in report["variants"]:
+        name, floor = variant["variant"], variant["output_floor"]
+        assert list(floor) == list(OUTPUT_FLOOR_TABLES), name
+        written = {table: rows for step in variant["steps"] for table, rows in step["rows_out"].items()}
+        for table, costs in floor.items():
+            assert costs["rows"] == written[table] > 0, (name, table, costs, written[table])
+            assert costs["read_seconds"] > 0 and costs["copy_seconds"] > 0, (name, table, costs)
+            assert costs["write_seconds"] == pytest.approx(costs["copy_seconds"] - costs["read_seconds"], abs=1e-9), (
+                name, table, costs
+            )
+        assert variant["output_write_seconds"] == pytest.approx(
+            sum(c["write_seconds"] for c in floor.values()), abs=len(floor) * ROUNDING_S
+        ), name
