@@ -23,7 +23,7 @@ import pytest
 from dagster import AssetKey
 
 import replica_lens.simulator as simulator
-from replica_lens.benchmark import CLOCK_TICKS, OUTPUT_FLOOR_TABLES, STEP_INPUTS, JvmCpu, JvmThreads, ProcessSampler, benchmark
+from replica_lens.benchmark import CLOCK_TICKS, LARGE_SCALE, OUTPUT_FLOOR_TABLES, STEP_INPUTS, JvmCpu, JvmThreads, ProcessSampler, benchmark, scaling_ratios
 from replica_lens.definitions import defs
 from replica_lens.jobs import AUDIT_JOB
 
@@ -305,3 +305,18 @@ def test_the_output_floor_rewrites_each_per_row_table_the_audit_wrote(run):
         assert variant["output_write_seconds"] == pytest.approx(
             sum(c["write_seconds"] for c in floor.values()), abs=len(floor) * ROUNDING_S
         ), name
+
+
+def test_the_scaling_ratios_compare_each_variant_with_uniform_audits():
+    """hot against one uniform audit, large against LARGE_SCALE of them; nothing without uniform.
+
+    Fails if a ratio is inverted, if large is compared with one uniform audit instead of
+    ten, or if a ratio is made up for a variant that did not run.
+    """
+    assert LARGE_SCALE == 10
+    assert scaling_ratios({"uniform": 100.0, "hot": 130.0, "large": 1100.0, "tiny": 10.0}) == {
+        "hot_to_uniform": 1.3,
+        "large_to_ten_uniform": 1.1,
+    }
+    assert scaling_ratios({"uniform": 100.0, "tiny": 10.0}) == {}
+    assert scaling_ratios({"hot": 130.0, "large": 1100.0}) == {}
