@@ -20,7 +20,7 @@ from pydantic import Field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from assets.partitions import snapshot_partitions
+from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.previews import divergence_by_pair
 from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.frames import computed_once
@@ -134,6 +134,8 @@ def check_state_retention(keep: Optional[int]) -> Optional[int]:
         schema_check_spec("replica_state"),
     ],
     partitions_def=snapshot_partitions,
+    # The longest chain of the audit (segments -> watermarks -> divergence) starts first.
+    op_tags=CRITICAL_PATH,
 )
 def divergence_reports(
     context: dg.AssetExecutionContext, config: DivergenceConfig, spark: SparkResource, store: DeltaStore

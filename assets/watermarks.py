@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from assets.partitions import snapshot_partitions
+from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
@@ -32,6 +32,8 @@ KINDS = {"spark", "delta"}
     ],
     check_specs=[schema_check_spec("heartbeat_segments"), schema_check_spec("heartbeat_segment_summary")],
     partitions_def=snapshot_partitions,
+    # The longest chain of the audit (segments -> watermarks -> divergence) starts first.
+    op_tags=CRITICAL_PATH,
 )
 def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
@@ -62,6 +64,8 @@ def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, 
     ],
     check_specs=[schema_check_spec("reconstructed_watermarks"), schema_check_spec("partition_watermarks")],
     partitions_def=snapshot_partitions,
+    # The longest chain of the audit (segments -> watermarks -> divergence) starts first.
+    op_tags=CRITICAL_PATH,
 )
 def reconstructed_watermarks(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key

@@ -13,6 +13,7 @@ import dagster as dg
 from dagster._core.utils import make_new_run_id
 
 from assets.partitions import SNAPSHOTS
+from replica_lens.executor import execute_here
 from replica_lens.jobs import AUDIT_JOB
 from replica_lens.steps import STEP_INPUTS
 from resources.landing import LandingZone
@@ -57,6 +58,7 @@ def run_audit(
     log_level: str = "DEBUG",
     watcher: Optional["StepPrinter"] = None,
     state_retention: Optional[int] = None,
+    concurrent_steps: Optional[int] = None,
     **settings: Any,
 ) -> SnapshotAudit:
     """Materialize every per-snapshot asset of ``snapshot_id`` in this process; never raises on run failure.
@@ -64,6 +66,8 @@ def run_audit(
     ``log_level`` is the level of Dagster's console log (its event log is DEBUG). A
     ``watcher`` receives the run's events while it runs (``StepPrinter``).
     ``state_retention`` is the divergence step's run config (None: keep every state).
+    ``concurrent_steps`` is the executor's ``max_concurrent`` (None: its default,
+    ``replica_lens/executor.py``); the steps run in this process either way.
     """
     from replica_lens.definitions import build_definitions
 
@@ -76,14 +80,15 @@ def run_audit(
     if watcher is not None:
         instance.watch_event_logs(run_id, None, watcher)
     try:
-        result = job.execute_in_process(
+        result = execute_here(
+            job,
             partition_key=snapshot_id,
             instance=instance,
-            raise_on_error=False,
             run_config={
                 "loggers": {"console": {"config": {"log_level": log_level}}},
                 **({"ops": {"divergence_reports": {"config": {"state_retention": state_retention}}}}
                    if state_retention is not None else {}),
+                **({"execution": {"config": {"max_concurrent": concurrent_steps}}} if concurrent_steps else {}),
             },
             run_id=run_id,
         )
@@ -380,6 +385,7 @@ def audit_snapshots(
     venice_clock_uncertainty_ms: Optional[int] = None,
     json_path: Optional[str] = None,
     state_retention: Optional[int] = None,
+    concurrent_steps: Optional[int] = None,
 ) -> int:
     """Audit the named snapshot, or every complete one; print a summary; return the exit code.
 
@@ -387,7 +393,8 @@ def audit_snapshots(
     per step; ``verbose`` adds Dagster's event log and Spark's warnings. ``json_path``
     (``-`` for stdout, the human output then goes to stderr) receives one JSON document for
     the whole command (``audit_document`` per snapshot). ``state_retention``: see
-    ``assets.divergence.DivergenceConfig`` (None: keep every state).
+    ``assets.divergence.DivergenceConfig`` (None: keep every state). ``concurrent_steps``:
+    steps run at once (None: the executor's default, ``replica_lens/executor.py``).
     """
     out: TextIO = sys.stderr if json_path == "-" else sys.stdout
     zone = LandingZone(
@@ -429,6 +436,7 @@ def audit_snapshots(
                 shuffle_partitions=shuffle_partitions,
                 spark_log_level=SPARK_LOG_LEVELS[verbosity],
                 state_retention=state_retention,
+                concurrent_steps=concurrent_steps,
                 cluster_regions=cluster_regions,
                 venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
             )

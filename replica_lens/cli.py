@@ -9,7 +9,7 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
-from resources.tuning import DEFAULT_RETENTION_HOURS, DEFAULT_SHUFFLE_PARTITIONS
+from resources.tuning import DEFAULT_CONCURRENT_STEPS, DEFAULT_RETENTION_HOURS, DEFAULT_SHUFFLE_PARTITIONS
 
 EXIT_RUN_FAILED = 1
 EXIT_USAGE = 2
@@ -77,6 +77,7 @@ def _audit(args: argparse.Namespace) -> int:
         verbosity="verbose" if args.verbose else "quiet" if args.quiet else "normal",
         json_path=args.json,
         state_retention=args.state_retention,
+        concurrent_steps=args.concurrent_steps,
         cluster_regions=args.cluster_regions,
         venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
     )
@@ -112,6 +113,17 @@ def _state_retention(text: str) -> int:
         return check_state_retention(int(text))
     except (ValueError, InvalidSetting):
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 2, got {text!r}") from None
+
+
+def _at_least_one(text: str) -> int:
+    """A whole number of at least 1 (``--concurrent-steps``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
 
 
 def _clock_uncertainty(text: str) -> int:
@@ -235,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="keep the states (replica_state) of the N snapshots ending furthest along each replica partition's log "
         "and drop the older ones after each audit (at least 2; default: keep every state)",
+    )
+    audit.add_argument(
+        "--concurrent-steps",
+        type=_at_least_one,
+        metavar="N",
+        help=f"run up to N independent steps of an audit at once, in this process and Spark session "
+        f"(default {DEFAULT_CONCURRENT_STEPS}; 1: one after another)",
     )
     audit.add_argument(
         "--quiet", action="store_true", help="print only each snapshot's summary and errors (no line per step)"

@@ -11,6 +11,7 @@ from typing import Optional, Union
 import dagster as dg
 
 from assets import divergence, ingest, operations, trend, watermarks
+from replica_lens.executor import threaded_in_process_executor
 from replica_lens.jobs import (
     audit_snapshot,
     landing_sensor,
@@ -64,8 +65,9 @@ def build_definitions(
                 venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
             ),
         },
-        # Materializations launched from the UI also run every step in one process: one JVM per run.
-        executor=dg.in_process_executor,
+        # Materializations launched from the UI also run every step in one process (one JVM per run),
+        # independent steps side by side.
+        executor=threaded_in_process_executor,
     )
 
 

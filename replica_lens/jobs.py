@@ -6,16 +6,18 @@ from pydantic import Field
 from assets.partitions import SNAPSHOTS, snapshot_partitions
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
+from replica_lens.executor import threaded_in_process_executor
 from resources.tuning import DEFAULT_RETENTION_HOURS
 
 AUDIT_JOB = "audit_snapshot"
 
-# Every per-snapshot asset, run in one process so that Spark starts once per run.
+# Every per-snapshot asset, run in one process so that Spark starts once per run, with
+# independent steps side by side on threads (replica_lens/executor.py).
 audit_snapshot = dg.define_asset_job(
     AUDIT_JOB,
     selection=dg.AssetSelection.groups("ingest", "watermarks", "divergence", "operations"),
     partitions_def=snapshot_partitions,
-    executor_def=dg.in_process_executor,
+    executor_def=threaded_in_process_executor,
     description="Audit one raw topic snapshot: ingest, segments, watermarks, divergence and operational tables.",
 )
 

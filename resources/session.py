@@ -111,6 +111,54 @@ INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.facto
 INTERPRETED_MAX_ROWS = 20_000
 
 
+class _EvaluationModes:
+    """Which evaluation mode the session's open blocks use, so that steps side by side agree.
+
+    The two settings are the session's, read by every query it plans: steps that run at the
+    same time (``replica_lens/executor.py``) must want the same mode. A step that wants the
+    other one waits until the open blocks have closed; then it switches.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._mode: Optional[str] = None  # what the open blocks use
+        self._users = 0
+
+    @contextmanager
+    def holding(self, session: SparkSession, wanted: str) -> Iterator[str]:
+        conf = session.conf
+        with self._changed:
+            # Keys set while no block is open are the user's own (spark_config): left alone.
+            if not self._users and any(conf.get(key, None) is not None for key in INTERPRETED):
+                configured = True
+            else:
+                configured = False
+                while self._users and self._mode != wanted:
+                    self._changed.wait()
+                if not self._users and wanted == "interpreted":
+                    for key, value in INTERPRETED.items():
+                        conf.set(key, value)
+                self._mode = wanted
+                self._users += 1
+        if configured:
+            yield "as configured"
+            return
+        try:
+            yield wanted
+        finally:
+            with self._changed:
+                self._users -= 1
+                if not self._users:
+                    if self._mode == "interpreted":
+                        for key in INTERPRETED:
+                            conf.unset(key)
+                    self._mode = None
+                    self._changed.notify_all()
+
+
+_MODES = _EvaluationModes()
+
+
 @contextmanager
 def code_generation(session: SparkSession, rows: Optional[int], max_interpreted_rows: int) -> Iterator[str]:
     """Within the block, Spark interprets when ``rows`` (a step's input) is known and at most ``max_interpreted_rows``.
@@ -118,21 +166,12 @@ def code_generation(session: SparkSession, rows: Optional[int], max_interpreted_
     Yields what was chosen, for the step's metadata: ``"interpreted"`` or ``"compiled"``. A
     session whose settings already name either key (the user's ``spark_config``) is left
     as it is (``"as configured"``). The previous settings are restored on the way out.
+    Blocks open at the same time (steps side by side) share one mode: one that wants the
+    other mode waits for the open ones to close (``_EvaluationModes``).
     """
-    conf = session.conf
-    if any(conf.get(key, None) is not None for key in INTERPRETED):
-        yield "as configured"
-        return
-    if rows is None or rows > max_interpreted_rows:
-        yield "compiled"
-        return
-    for key, value in INTERPRETED.items():
-        conf.set(key, value)
-    try:
-        yield "interpreted"
-    finally:
-        for key in INTERPRETED:
-            conf.unset(key)
+    wanted = "interpreted" if rows is not None and rows <= max_interpreted_rows else "compiled"
+    with _MODES.holding(session, wanted) as chosen:
+        yield chosen
 
 
 # Compiled generated classes kept per JVM (static: read when the session starts).

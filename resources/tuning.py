@@ -11,3 +11,7 @@ DEFAULT_DRIVER_MEMORY = "3g"
 # time-travel window, and the margin that protects a write in flight (its staged files are
 # named by no version until it commits).
 DEFAULT_RETENTION_HOURS = 7 * 24
+
+# Steps of one audit run at once, on threads of the run's process (replica_lens/executor.py).
+# Measured on the 2-core development machine (docs/performance.md, "Steps side by side").
+DEFAULT_CONCURRENT_STEPS = 2

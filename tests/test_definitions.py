@@ -5,6 +5,7 @@ import dagster as dg
 
 from assets.partitions import SNAPSHOTS
 from replica_lens.definitions import build_definitions, defs
+from replica_lens.executor import threaded_in_process_executor
 from tests.rows import PER_SNAPSHOT_TABLES
 
 STAGE_GROUPS = {"ingest", "watermarks", "divergence", "operations", "trend"}
@@ -38,13 +39,15 @@ def test_the_code_location_loads_with_exactly_its_jobs_sensors_and_schedule():
     }
     assert {sensor.name for sensor in repository.sensor_defs} == {"landing_sensor", "trend_after_audit"}
     assert {schedule.name for schedule in repository.schedule_defs} == {"reaudit_newest_snapshot", "vacuum_warehouse_daily"}
-    for name in ("audit_snapshot", "refresh_trend", "vacuum_warehouse"):
+    # One process per run: Spark starts once and every step shares its JVM. The audit's independent steps run
+    # side by side on threads (a multiprocess executor would start a JVM per step).
+    assert defs.resolve_job_def("audit_snapshot").executor_def is threaded_in_process_executor
+    for name in ("refresh_trend", "vacuum_warehouse"):
         job = defs.resolve_job_def(name)
         assert job.name == name
-        # One process per run: Spark starts once and every step shares its JVM.
         assert job.executor_def is dg.in_process_executor, name
     # Materializations launched from the UI (outside the jobs) too.
-    assert defs.executor is dg.in_process_executor
+    assert defs.executor is threaded_in_process_executor
 
 
 def test_every_asset_has_a_group_a_description_and_kinds():
