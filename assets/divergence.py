@@ -24,9 +24,9 @@ from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.previews import divergence_by_pair
 from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.frames import computed_once
-from pipelines.leapfrog import compare_replicas
-from pipelines.state import CONTEXT, REPLICA_PARTITION, PriorState, StateRefused, carry_over, next_state, prior_state, \
-    retained_states
+from pipelines.leapfrog import compare_replicas, comparison_layout
+from pipelines.state import CONTEXT, REPLICA_PARTITION, PriorState, StateRefused, carry_over, next_state, \
+    no_prior_state, prior_state, retained_states
 from resources.delta_store import DeltaStore
 from resources.errors import InvalidSetting
 from resources.spark import SparkResource
@@ -146,12 +146,18 @@ def divergence_reports(
     with spark.sized_for(comparison_rows(store, snapshot_id)) as evaluation:
         rows = read_stage(session, store, "reconstructed_watermarks", snapshot_id)
         partitions = read_stage(session, store, "partition_watermarks", snapshot_id)
-        contexts = state_contexts(session, store)
+        # Which snapshots have a state, from the Delta log (no Spark job): when no other snapshot has one, nothing can
+        # be continued, and neither the contexts nor the predecessors are read.
+        others_with_state = [i for i in store.snapshot_ids(STATE) if i != snapshot_id]
+        contexts = state_contexts(session, store) if others_with_state else None
         try:
             # Every snapshot's contexts but this one's: re-materializing it starts from the state before it. Only the
             # chosen predecessors' partitions are read whole. The raw rows are read only where a dump overlaps the
             # state it continues, to verify the overlap.
-            prior = load_prior_state(session, store, partitions, snapshot_id, contexts)
+            prior = (
+                load_prior_state(session, store, partitions, snapshot_id, contexts)
+                if contexts is not None else no_prior_state(session)
+            )
         except StateRefused as refused:
             raise dg.Failure(description=str(refused), allow_retries=False) from refused
         if prior.links:
@@ -164,26 +170,30 @@ def divergence_reports(
             "previous_snapshot_ids": dg.MetadataValue.json(prior.previous_snapshot_ids),
             "carried_from": dg.MetadataValue.json(prior.links),
         }
-        reports, summary = compare_replicas(carried_rows, carried_partitions)
+        # The replica partitions' layout (a handful of rows, one collect) serves the comparison and the state.
+        layout = comparison_layout(carried_partitions)
+        reports, summary = compare_replicas(carried_rows, carried_partitions, layout)
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
         tables.stage(reports, "divergence_reports")
         tables.stage(summary, "divergence_summary")
-        written_summary = tables.frame("divergence_summary")
-        totals = verdict_totals(written_summary)
+        # One row per topic partition and replica pair: read once for the totals and the preview.
+        summary_rows = tables.frame("divergence_summary").collect()
+        totals = verdict_totals(summary_rows)
         tables.add_metadata(
             "divergence_reports",
             {
                 **{f"keys_{k.lower()}": v for k, v in totals.items()},
                 **carried,
-                "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(written_summary)),
+                "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(summary_rows)),
             },
         )
-        state = next_state(carried_rows, carried_partitions, prior.versions, prior.context)
+        state = next_state(carried_rows, carried_partitions, prior.versions, prior.context, regions=layout.regions)
         tables.stage(state, STATE, extra_metadata=carried)
         # Unset, every state is kept and nothing is collected for the plan.
         dropped, retention = [], {"state_retention": "all"}
         if keep is not None:
-            dropped, retention = retention_plan(contexts, tables.frame(STATE), snapshot_id, keep)
+            known = contexts if contexts is not None else prior.context  # no other state: none to drop
+            dropped, retention = retention_plan(known, tables.frame(STATE), snapshot_id, keep)
         tables.add_metadata(STATE, retention)
         yield from tables.publish()
         # After the new state is committed: a failure here leaves extra states, which is safe, and the next audit
@@ -200,15 +210,13 @@ def comparison_rows(store: DeltaStore, snapshot_id: str) -> Optional[int]:
     return None if rows is None else rows + (store.snapshot_rows(STATE) or 0)
 
 
-def verdict_totals(summary) -> dict[str, int]:
-    row = summary.agg(
-        F.sum("keys_compared").alias("COMPARED"),
-        F.sum("consistent").alias("CONSISTENT"),
-        F.sum("divergent").alias("DIVERGENT"),
-        F.sum("missing").alias("MISSING"),
-        F.sum("in_flight").alias("IN_FLIGHT"),
-    ).first()
-    return {name: int(row[name] or 0) for name in ("COMPARED", "CONSISTENT", "DIVERGENT", "MISSING", "IN_FLIGHT")}
+VERDICT_COLUMNS = {"COMPARED": "keys_compared", "CONSISTENT": "consistent", "DIVERGENT": "divergent",
+                   "MISSING": "missing", "IN_FLIGHT": "in_flight"}
+
+
+def verdict_totals(summary_rows) -> dict[str, int]:
+    """Keys per verdict over ``divergence_summary``'s rows (collected once by the step: one per topic partition and pair)."""
+    return {name: sum(int(row[column] or 0) for row in summary_rows) for name, column in VERDICT_COLUMNS.items()}
 
 
 @dg.asset_check(

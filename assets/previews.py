@@ -16,21 +16,26 @@ def markdown_table(rows, columns: list[tuple[str, str]], empty: str) -> str:
     return head + body
 
 
-def divergence_by_pair(summary: DataFrame) -> str:
-    rows = (
-        summary.groupBy("replica_a", "replica_b")
-        .agg(
-            F.sum("keys_compared").alias("compared"),
-            F.sum("divergent").alias("divergent"),
-            F.sum("missing").alias("missing"),
-            F.sum("in_flight").alias("in_flight"),
-        )
-        .orderBy(F.desc(F.col("divergent") + F.col("missing")), "replica_a", "replica_b")
-        .limit(ROWS_SHOWN)
-        .collect()
-    )
+def divergence_by_pair(summary_rows) -> str:
+    """Keys per verdict for each replica pair (over topics and partitions), the most proven first.
+
+    ``summary_rows`` are ``divergence_summary``'s rows, collected once by the step (one row per
+    topic partition and pair: small), which also totals them (``assets.divergence.verdict_totals``).
+    """
+    counted = ("keys_compared", "divergent", "missing", "in_flight")
+    by_pair: dict[tuple[str, str], dict[str, int]] = {}
+    for row in summary_rows:
+        pair = by_pair.setdefault((row["replica_a"], row["replica_b"]), dict.fromkeys(counted, 0))
+        for name in counted:
+            pair[name] += int(row[name] or 0)
+    rows = [
+        {"replica_a": a, "replica_b": b, "compared": c["keys_compared"], "divergent": c["divergent"],
+         "missing": c["missing"], "in_flight": c["in_flight"]}
+        for (a, b), c in by_pair.items()
+    ]
+    rows.sort(key=lambda r: (-(r["divergent"] + r["missing"]), r["replica_a"], r["replica_b"]))
     return markdown_table(
-        rows,
+        rows[:ROWS_SHOWN],
         [("replica_a", "replica A"), ("replica_b", "replica B"), ("compared", "keys compared"),
          ("divergent", "DIVERGENT"), ("missing", "MISSING"), ("in_flight", "IN_FLIGHT")],
         "no replica pair shares a partition in this snapshot",

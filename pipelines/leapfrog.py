@@ -331,7 +331,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # ------------------------------------------------------------------- Spark side
 @dataclass(frozen=True)
-class _Layout:
+class ComparisonLayout:
     """The replica partitions (a handful of rows, on the driver): regions, ids, and the pairs."""
 
     regions: list[str]
@@ -340,7 +340,7 @@ class _Layout:
     plans: list[PairPlan]
 
 
-def _layout(partition_wm: DataFrame) -> _Layout:
+def comparison_layout(partition_wm: DataFrame) -> ComparisonLayout:
     """Every pair of replicas holding the same topic partition, from one collect of ``partition_wm``."""
     dumps = partition_wm.select(*REPLICA_PARTITION, "starts_with_sop", "end_lower_bound", "pre_history_bound").collect()
     # Every region some U can name: the keys of L(end) and P (a superset is safe: a region no
@@ -364,10 +364,10 @@ def _layout(partition_wm: DataFrame) -> _Layout:
                     sop=(a["starts_with_sop"], b["starts_with_sop"]),
                     end=tuple(tuple(d["end_lower_bound"].get(r, MISSING) for r in regions) for d in (a, b)),
                 ))
-    return _Layout(regions, replica_partitions, pairs, plans)
+    return ComparisonLayout(regions, replica_partitions, pairs, plans)
 
 
-def _compared(row_watermarks: DataFrame, layout: _Layout) -> DataFrame:
+def _compared(row_watermarks: DataFrame, layout: ComparisonLayout) -> DataFrame:
     """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass."""
     spark = row_watermarks.sparkSession
     ids = spark.createDataFrame(
@@ -460,9 +460,15 @@ def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
     )
 
 
-def compare_replicas(row_watermarks: DataFrame, partition_wm: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """Leap Frog over every replica pair: (``divergence_reports``, ``divergence_summary``)."""
-    layout = _layout(partition_wm)
+def compare_replicas(
+    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None
+) -> tuple[DataFrame, DataFrame]:
+    """Leap Frog over every replica pair: (``divergence_reports``, ``divergence_summary``).
+
+    ``layout`` is ``comparison_layout(partition_wm)`` when the caller has it already (its
+    ``regions`` serve the replica state too), else it is read here.
+    """
+    layout = comparison_layout(partition_wm) if layout is None else layout
     spark = row_watermarks.sparkSession
     pairs = spark.createDataFrame(
         layout.pairs,

@@ -118,9 +118,9 @@ state is kept, as before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -163,6 +163,16 @@ class PriorState:
     @property
     def carried_versions(self) -> int:
         return sum(int(link["state_rows"]) for link in self.links)
+
+
+def no_prior_state(spark: SparkSession) -> PriorState:
+    """The prior state of a snapshot when no other snapshot has one: nothing carried (empty frames, no Spark job).
+
+    What ``prior_state`` finds when ``replica_state`` holds no other snapshot's rows: no
+    context can be a predecessor, so every stream starts fresh and nothing is refused.
+    """
+    empty = spark.createDataFrame([], ReplicaState.to_structtype())
+    return PriorState(versions=empty, context=empty, links=[])
 
 
 # ------------------------------------------------------------------ checksum
@@ -684,14 +694,19 @@ def _as_state(df: DataFrame) -> DataFrame:
 
 
 def next_state(
-    row_wm: DataFrame, partition_wm: DataFrame, prior_versions: DataFrame, prior_context: DataFrame
+    row_wm: DataFrame,
+    partition_wm: DataFrame,
+    prior_versions: DataFrame,
+    prior_context: DataFrame,
+    regions: Sequence[str] | None = None,
 ) -> DataFrame:
     """The ``replica_state`` rows after one snapshot: each key's last version, one context per replica partition.
 
     ``row_wm`` and ``partition_wm`` are ``carry_over``'s output (a carried version is
     the first row of its key there); ``prior_versions``/``prior_context`` its inputs,
     read again for the carried versions' ``key_touch`` and origin and the stream's
-    first offset and predecessor.
+    first offset and predecessor. ``regions``: ``partition_regions(partition_wm)`` when the
+    caller has it already (the comparison's layout), else read here (one small job).
     """
     rp = list(REPLICA_PARTITION)
     ctx = prior_context.where(F.col("row_kind") == CONTEXT).select(
@@ -707,7 +722,7 @@ def next_state(
         .join(ctx.select("previous_snapshot_id", *rp), on=["previous_snapshot_id", *rp], how="inner")
         .drop("previous_snapshot_id")
     )
-    regions = partition_regions(partition_wm)
+    regions = partition_regions(partition_wm) if regions is None else list(regions)
     last = F.struct(*[F.col(c) for c in ("offset", "kind", "value", "value_hash", "source_region", "source_offset",
                                          "write_ts")])
     per_key = row_wm.groupBy("snapshot_id", *rp, "key").agg(

@@ -36,6 +36,7 @@ from pipelines.state import (
     context_problems,
     next_state,
     predecessors,
+    no_prior_state,
     prior_state,
 )
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
@@ -493,6 +494,19 @@ def test_the_snapshots_own_state_is_ignored_so_rematerializing_it_uses_the_state
     again = prior_state(audits.s1.state.unionByName(audits.s2.state), audits.s2.part_wm, "s2", no_raw(spark))
     assert again.previous_snapshot_ids == ["s1"] and again.links == audits.s2.prior.links
     assert canonical(again.context) == canonical(audits.s2.prior.context)
+
+
+def test_with_no_other_snapshots_state_the_prior_state_is_the_empty_one_the_asset_takes_without_reading(spark, audits):
+    # The divergence asset skips reading contexts when the Delta log names no other snapshot's state
+    # (no_prior_state). Catches: that shortcut differing from what prior_state finds on the same store (its own
+    # state only), e.g. carrying something or refusing.
+    alone = prior_state(audits.s1.state, audits.s1.part_wm, "s1", no_raw(spark))
+    shortcut = no_prior_state(spark)
+    assert alone.links == shortcut.links == []
+    assert alone.previous_snapshot_ids == shortcut.previous_snapshot_ids == []
+    assert alone.context.count() == shortcut.context.count() == 0
+    assert alone.versions.count() == shortcut.versions.count() == 0
+    assert [(f.name, f.dataType) for f in shortcut.versions.schema] == [(f.name, f.dataType) for f in audits.s1.state.schema]
 
 
 def test_a_start_of_push_dump_starts_a_fresh_stream_without_carry_over(audits):
