@@ -627,7 +627,6 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     content_names = ["snapshot_id", *MESSAGE_FIELDS, "extra_fields"]
     maps = {n for n in content_names if n == "extra_fields" or isinstance(MESSAGE_FIELDS.get(n), T.MapType)}
     comparable = [_sorted_entries(n).alias(n) if n in maps else F.col(n) for n in content_names]
-    judged = judged_rows(lines)
     candidate = F.col("reason").isNull()
     own_problems = Observation()
     conflicts = Observation()
@@ -674,6 +673,9 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     )
 
     def build_quarantined() -> DataFrame:
+        # The lines judged again, without the accepted pass's observation; built only here (about a second of
+        # the driver's time in a fresh JVM, most snapshots have no bad row).
+        judged = judged_rows(lines)
         conflicting_positions = (
             compare_candidates(judged).where("conflicting").select(*position, "rows_at_position").distinct()
         )
