@@ -706,3 +706,33 @@ def test_an_audit_of_s2_re_reading_s1s_last_offsets_through_dagster_verifies_the
              c["overlap"]["rows_verified"]) for c in carried} == {(A, "s1", 3, 4, 2), (B, "s1", 2, 3, 2)}
     # The raw rows of S2 came from its landing file (source_file differs from S1's): only messages are compared.
     assert table(spark, warehouse, "raw_topic_snapshots", "s2").where(F.col("source_file") == "test.jsonl").count() == 0
+
+
+# dc-b has not applied k3's second write yet, and no heartbeat proves it should have: IN_FLIGHT, never proven.
+LAGGING = stream(A, "lagging", [sop(), put("k3", "z", A, 0), put("k3", "z2", A, 1), heartbeat(A, 2, {A: 2})]) + stream(
+    B, "lagging", [sop(), put("k3", "z", A, 0)])
+CAUGHT_UP = stream(A, "lagging", [sop(), put("k3", "z", A, 0), put("k3", "z2", A, 1), heartbeat(A, 2, {A: 2})]) + stream(
+    B, "lagging", [sop(), put("k3", "z", A, 0), put("k3", "z2", A, 1), heartbeat(A, 2, {A: 2})])
+
+
+@pytest.mark.slow
+def test_reports_of_only_in_flight_keys_are_written_and_a_healthy_re_audit_empties_them(spark, tmp_path):
+    # When every key is CONSISTENT the step commits empty reports without running their plan. Catches: that
+    # shortcut taken when a key is only IN_FLIGHT (not proven, yet a report row), or a healthy re-audit of the
+    # snapshot leaving the earlier report rows in place.
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    write_landing(landing, "s", LAGGING)
+    first = run_audit("s", str(landing), str(warehouse), **SETTINGS)
+    assert first.success, first.error
+    reports = table(spark, warehouse, "divergence_reports", "s").collect()
+    assert [(r["key"], r["verdict"]) for r in reports] == [("k3", "IN_FLIGHT")]
+    assert first.metadata["divergence_reports"]["keys_in_flight"] == 1
+
+    shutil.rmtree(landing / "s")
+    write_landing(landing, "s", CAUGHT_UP)
+    again = run_audit("s", str(landing), str(warehouse), **SETTINGS)
+    assert again.success, again.error
+    assert table(spark, warehouse, "divergence_reports", "s").count() == 0
+    assert again.metadata["divergence_reports"]["dagster/row_count"] == 0
+    assert again.metadata["divergence_reports"]["keys_consistent"] == again.metadata["divergence_reports"][
+        "keys_compared"] == 1
