@@ -111,7 +111,9 @@ def run_audit(
             error = failures[0].step_failure_data.error
             audit.error = f"{failures[0].step_key}: {error.message.strip() if error else 'failed'}"
         else:
-            audit.error = "run failed"
+            # No step failed: the run itself did (interrupted by Ctrl-C or a terminate, say); Dagster says how.
+            run_failure = next((e for e in result.all_events if e.event_type_value == "RUN_FAILURE"), None)
+            audit.error = f"run failed: {run_failure.message}" if run_failure and run_failure.message else "run failed"
     return audit
 
 

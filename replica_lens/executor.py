@@ -20,6 +20,12 @@ asset checks and materializations mean what they mean under the in-process execu
 
 ``max_concurrent`` = 1 is exactly the in-process executor's order of work.
 
+Interrupts (Ctrl-C, or the UI's terminate, which Dagster turns into the same signal): the
+run's thread checks for one at least every ``POLL_SECONDS``, cancels the session's running
+Spark jobs (a thread cannot be stopped from outside; its step then fails) and ends the run
+as interrupted, as the in-process executor does when the step in its own thread is
+interrupted.
+
 This uses Dagster internals that have no public equivalent (``ActiveExecution``,
 ``dagster_event_sequence_for_step``, the plan-execution context manager): they are those of
 the ``dagster`` version pinned in ``constraints.txt``, and ``tests/test_executor.py``
@@ -42,6 +48,7 @@ from typing import Any, Optional
 
 import dagster as dg
 from dagster._core.definitions.job_base import InMemoryJob
+from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.execution.api import ExecuteRunWithPlanIterable
 from dagster._core.execution.context.system import PlanExecutionContext, PlanOrchestrationContext
@@ -80,6 +87,14 @@ def _run_step(step_context, events: "queue.Queue", running: _Running) -> None:
         events.put((key, _DONE))
 
 
+def _cancel_spark_jobs() -> None:
+    """Cancel every running Spark job of this process's session, if one is running (steps' threads then fail)."""
+    pyspark = sys.modules.get("pyspark")
+    context = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)
+    if context is not None:
+        context.cancelAllJobs()
+
+
 def threaded_plan_iterator(
     job_context: PlanExecutionContext, execution_plan: ExecutionPlan, max_concurrent: int
 ) -> Iterator[DagsterEvent]:
@@ -100,6 +115,17 @@ def threaded_plan_iterator(
             with compute_log_manager.capture_logs(log_key) as log_context:
                 yield DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
                 while not active.is_complete or running:
+                    if active.check_for_interrupts():
+                        # Ctrl-C, or a terminate from the UI (SIGTERM): a step's thread cannot be stopped from
+                        # outside, but its Spark jobs can, which ends the step; the run ends at once.
+                        yield DagsterEvent.engine_event(
+                            job_context,
+                            f"Interrupted: cancelling the Spark jobs of {', '.join(sorted(running)) or 'no step'}",
+                            EngineEventData.interrupted(sorted(running)),
+                        )
+                        active.mark_interrupted()
+                        _cancel_spark_jobs()
+                        raise DagsterExecutionInterruptedError()
                     free = max_concurrent - len(running)
                     steps = active.get_steps_to_execute(limit=free) if free > 0 and not active.is_complete else []
                     yield from active.concurrency_event_iterator(job_context)

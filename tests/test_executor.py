@@ -252,3 +252,27 @@ def test_a_failing_step_releases_its_mode(failing_mode_rows):
     _in_thread(other)
     assert done.wait(BARRIER_SECONDS)
     assert session.conf.values == {}
+
+
+def test_an_interrupt_ends_the_run_while_a_step_still_runs():
+    # Catches: Ctrl-C (or the UI's terminate, the same signal inside Dagster) swallowed until every running
+    # step has ended by itself: under the in-process executor the step in the run's thread was interrupted.
+    import os
+    import signal
+
+    release = threading.Event()
+
+    def blocked(x):
+        release.wait(BARRIER_SECONDS)
+        return x
+
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    started = time.monotonic()
+    try:
+        result = _run(_job(_fan_out(blocked, blocked)), max_concurrent=2)
+        took = time.monotonic() - started
+    finally:
+        release.set()
+    assert not result.success
+    assert took < BARRIER_SECONDS / 2, f"the run waited {took:.1f} s for its steps"
+    assert any("Interrupted" in (e.message or "") for e in result.all_events)
