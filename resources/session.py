@@ -115,8 +115,9 @@ class _EvaluationModes:
     """Which evaluation mode the session's open blocks use, so that steps side by side agree.
 
     The two settings are the session's, read by every query it plans: steps that run at the
-    same time (``replica_lens/executor.py``) must want the same mode. A step that wants the
-    other one waits until the open blocks have closed; then it switches.
+    same time (``replica_lens/executor.py``) must agree. A small step (interpreted) that
+    comes while compiled blocks are open joins them compiled; a large step (compiled) that
+    comes while interpreted blocks are open waits until they have closed, then switches.
     """
 
     def __init__(self) -> None:
@@ -133,6 +134,10 @@ class _EvaluationModes:
                 configured = True
             else:
                 configured = False
+                if wanted == "interpreted" and self._users and self._mode == "compiled":
+                    # A small step beside a compiled one runs compiled (correct, and cheap at its size) rather than
+                    # wait for it; only a large step waits, since interpreted evaluation at scale is slow.
+                    wanted = "compiled"
                 while self._users and self._mode != wanted:
                     self._changed.wait()
                 if not self._users and wanted == "interpreted":
@@ -166,8 +171,9 @@ def code_generation(session: SparkSession, rows: Optional[int], max_interpreted_
     Yields what was chosen, for the step's metadata: ``"interpreted"`` or ``"compiled"``. A
     session whose settings already name either key (the user's ``spark_config``) is left
     as it is (``"as configured"``). The previous settings are restored on the way out.
-    Blocks open at the same time (steps side by side) share one mode: one that wants the
-    other mode waits for the open ones to close (``_EvaluationModes``).
+    Blocks open at the same time (steps side by side) share one mode: a small step joins open
+    compiled blocks compiled, a large one waits for open interpreted blocks to close
+    (``_EvaluationModes``); what was chosen is yielded either way.
     """
     wanted = "interpreted" if rows is not None and rows <= max_interpreted_rows else "compiled"
     with _MODES.holding(session, wanted) as chosen:

@@ -200,6 +200,35 @@ def test_a_step_wanting_the_other_mode_waits_for_the_open_blocks():
     assert session.conf.values == {}
 
 
+def test_a_small_step_beside_a_compiled_one_runs_compiled_without_waiting():
+    # Catches: a small check waiting for a long compiled step to end (seen: a 0.3 s check took 7 s), or switching
+    # the session to interpreted evaluation under the compiled step's queries.
+    session = _Session()
+    entered, release, seen = threading.Event(), threading.Event(), {}
+
+    def large_step():
+        with code_generation(session, 1_000_000, 20_000):
+            entered.set()
+            release.wait(BARRIER_SECONDS)
+
+    large = _in_thread(large_step)
+    assert entered.wait(BARRIER_SECONDS)
+    small_done = threading.Event()
+
+    def small_step():
+        with code_generation(session, 10, 20_000) as chosen:
+            seen["small"] = chosen
+            seen["settings"] = dict(session.conf.values)
+        small_done.set()
+
+    _in_thread(small_step)
+    assert small_done.wait(5), "the small step must not wait for the compiled one"
+    assert seen == {"small": "compiled", "settings": {}}
+    release.set()
+    large.join(BARRIER_SECONDS)
+    assert session.conf.values == {}
+
+
 def test_steps_wanting_the_same_mode_overlap_and_the_last_one_out_restores():
     # Catches: the first step to finish restoring the settings while another interpreted step still runs.
     session = _Session()
