@@ -32,9 +32,9 @@ the ``dagster`` version pinned in ``constraints.txt``, and ``tests/test_executor
 runs a real job through them.
 
 Spark: PySpark pins each Python thread to a JVM thread, so a step's jobs, observations
-and local properties stay its own. The SQL settings are the session's: a step that asks
-for another evaluation mode than the running steps' waits for them
-(``resources/session.py``, ``code_generation``).
+and local properties stay its own. The SQL settings are the session's, so steps that
+overlap agree on one evaluation mode: a small step beside a compiled one runs compiled, a
+large one waits for interpreted ones to end (``resources/session.py``, ``code_generation``).
 """
 from __future__ import annotations
 
