@@ -50,6 +50,7 @@ import dagster as dg
 from dagster._core.definitions.job_base import InMemoryJob
 from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster._core.events import DagsterEvent, EngineEventData
+from dagster._core.execution.compute_logs import create_compute_log_file_key
 from dagster._core.execution.api import ExecuteRunWithPlanIterable
 from dagster._core.execution.context.system import PlanExecutionContext, PlanOrchestrationContext
 from dagster._core.execution.context_creation_job import PlanExecutionContextManager
@@ -64,7 +65,6 @@ from resources.tuning import DEFAULT_CONCURRENT_STEPS
 
 # How often the run's thread looks up from the queue (interrupts, a step's thread dying).
 POLL_SECONDS = 0.5
-PRIORITY_TAG = "dagster/priority"
 _DONE = object()
 
 
@@ -109,8 +109,6 @@ def threaded_plan_iterator(
             instance_concurrency_context=concurrency,
             step_dependency_config=job_context.step_dependency_config,
         ) as active:
-            from dagster._core.execution.compute_logs import create_compute_log_file_key
-
             log_key = compute_log_manager.build_log_key_for_run(job_context.run_id, create_compute_log_file_key())
             with compute_log_manager.capture_logs(log_key) as log_context:
                 yield DagsterEvent.capture_logs(job_context, step_keys, log_key, log_context)
@@ -167,7 +165,7 @@ class ThreadedExecutor(Executor):
 
     def __init__(self, retries: RetryMode, max_concurrent: int = DEFAULT_CONCURRENT_STEPS):
         if max_concurrent < 1:
-            raise dg.DagsterInvalidConfigError(f"max_concurrent must be at least 1, got {max_concurrent}", [], None)
+            raise ValueError(f"max_concurrent must be at least 1, got {max_concurrent}")
         self._retries = retries
         self.max_concurrent = max_concurrent
 

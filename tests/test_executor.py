@@ -16,7 +16,9 @@ import pytest
 from dagster._core.utils import make_new_run_id
 
 from replica_lens.cli import EXIT_USAGE, main
-from replica_lens.executor import execute_here, threaded_in_process_executor
+from dagster._core.execution.retries import RetryMode
+
+from replica_lens.executor import ThreadedExecutor, execute_here, threaded_in_process_executor
 from resources.session import INTERPRETED, code_generation
 
 BARRIER_SECONDS = 20
@@ -126,12 +128,10 @@ def test_the_higher_priority_step_starts_first():
     assert order == ["c", "b"]
 
 
-def test_the_audit_job_runs_its_steps_side_by_side():
-    # Catches: the audit job (and materializations from the UI) falling back to a serial executor.
-    from replica_lens.definitions import defs
-
-    assert defs.resolve_job_def("audit_snapshot").executor_def is threaded_in_process_executor
-    assert defs.executor is threaded_in_process_executor
+def test_max_concurrent_below_one_is_refused():
+    # Catches: an executor with no slot accepted (the run would wait forever for a free one).
+    with pytest.raises(ValueError, match="at least 1"):
+        ThreadedExecutor(retries=RetryMode.ENABLED, max_concurrent=0)
 
 
 def test_concurrent_steps_below_one_is_a_usage_error(tmp_path, capsys):
