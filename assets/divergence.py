@@ -29,7 +29,7 @@ from pyspark.sql import functions as F
 
 from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.previews import divergence_by_pair
-from assets.tables import StepTables, read_stage, schema_check_spec
+from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
 from pipelines.frames import computed_once
 from pipelines.leapfrog import compare_replicas, comparison_layout
 from pipelines.state import CONTEXT, REPLICA_PARTITION, PriorState, StateRefused, carry_over, next_state, \
@@ -238,24 +238,21 @@ def verdict_totals(summary_rows) -> dict[str, int]:
     partitions_def=snapshot_partitions,
 )
 def no_proven_divergence(context: dg.AssetCheckExecutionContext, spark: SparkResource, store: DeltaStore):
-    session = spark.spark_session
-    snapshot_id = context.partition_key
-    with spark.sized_for(store.snapshot_rows("divergence_reports", [snapshot_id])):
-        reports = read_stage(session, store, "divergence_reports", snapshot_id)
-        proven = reports.where(F.col("verdict").isin(*PROVEN))
-        counts = {r["verdict"]: int(r["count"]) for r in proven.groupBy("verdict").count().collect()}
-        examples = [
-            {k: r[k] for k in ("topic", "partition", "replica_a", "replica_b", "key", "verdict")}
-            for r in proven.orderBy("topic", "partition", "replica_a", "replica_b", "key").limit(EXAMPLE_KEYS).collect()
-        ]
-        total = sum(counts.values())
-        return dg.AssetCheckResult(
-            passed=total == 0,
-            severity=dg.AssetCheckSeverity.ERROR,
-            metadata={
-                "divergent": counts.get("DIVERGENT", 0),
-                "missing": counts.get("MISSING", 0),
-                "example_keys": dg.MetadataValue.json(examples),
-            },
-            description=None if total == 0 else f"{total} key(s) proven divergent or missing",
-        )
+    # The counts and the first proven keys in one query; none at all when the Delta log says the reports are empty.
+    found, counts = matching_rows(
+        spark, store, "divergence_reports", context.partition_key, F.col("verdict").isin(*PROVEN),
+        [F.col(c) for c in ("topic", "partition", "replica_a", "replica_b", "key")],
+        {v: F.count_if(F.col("verdict") == v) for v in PROVEN}, EXAMPLE_KEYS,
+    )
+    examples = [{k: r[k] for k in ("topic", "partition", "replica_a", "replica_b", "key", "verdict")} for r in found]
+    total = sum(counts.values())
+    return dg.AssetCheckResult(
+        passed=total == 0,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={
+            "divergent": counts.get("DIVERGENT", 0),
+            "missing": counts.get("MISSING", 0),
+            "example_keys": dg.MetadataValue.json(examples),
+        },
+        description=None if total == 0 else f"{total} key(s) proven divergent or missing",
+    )

@@ -2,15 +2,17 @@
 
 import dagster as dg
 from pydantic import Field
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from assets.partitions import snapshot_partitions
 from assets.previews import compaction_holdbacks, lagging_rows, worst_lag, worst_lagging
-from assets.tables import StepTables, read_stage, schema_check_spec
+from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
 from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
 from pipelines.lag import heartbeat_lag, lag_summary
 from resources.delta_store import DeltaStore
+from schemas.operations import ANOMALIES
 from resources.spark import SparkResource
 
 GROUP = "operations"
@@ -48,9 +50,9 @@ def stream_anomalies(
         bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
         anomalies = find_stream_anomalies(read_stage(session, store, "raw_topic_snapshots", snapshot_id), bounds)
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
-        tables.stage(anomalies, "stream_anomalies")
-        written = tables.frame("stream_anomalies")
-        by_kind = {r["anomaly"]: int(r["count"]) for r in written.groupBy("anomaly").count().collect()}
+        # Rows per anomaly, counted by the job that writes them.
+        tables.stage(anomalies, "stream_anomalies", counts={a: F.count_if(F.col("anomaly") == a) for a in ANOMALIES})
+        by_kind = {a: n for a, n in tables.counts("stream_anomalies").items() if n}
         tables.add_metadata("stream_anomalies", {"by_anomaly": dg.MetadataValue.json(by_kind), **bounds.__dict__})
         yield from tables.publish()
 
@@ -153,18 +155,13 @@ class LagBounds(dg.Config):
 def lag_within_bounds(
     context: dg.AssetCheckExecutionContext, config: LagBounds, spark: SparkResource, store: DeltaStore
 ) -> dg.AssetCheckResult:
-    with spark.sized_for(store.snapshot_rows("replication_lag", [context.partition_key])):
-        lag = read_stage(spark.spark_session, store, "replication_lag", context.partition_key)
-        over = lag.where(
-            (F.col("p99_upper_ms") > config.max_lag_p99_ms) | (F.col("staleness_ms") > config.max_staleness_ms)
-        )
-        return _bound_result(
-            over.orderBy(F.desc_nulls_last("p99_upper_ms")).limit(EXAMPLES).collect(),
-            ["replica", "origin_region", "p99_upper_ms", "staleness_ms"],
-            over.count(),
-            {"max_lag_p99_ms": config.max_lag_p99_ms, "max_staleness_ms": config.max_staleness_ms},
-            "replica/origin pair(s) lag beyond the bound",
-        )
+    return _bound_check(
+        spark, store, "replication_lag", context.partition_key,
+        (F.col("p99_upper_ms") > config.max_lag_p99_ms) | (F.col("staleness_ms") > config.max_staleness_ms),
+        "p99_upper_ms", ["replica", "origin_region", "p99_upper_ms", "staleness_ms"],
+        {"max_lag_p99_ms": config.max_lag_p99_ms, "max_staleness_ms": config.max_staleness_ms},
+        "replica/origin pair(s) lag beyond the bound",
+    )
 
 
 class ExporterBounds(dg.Config):
@@ -181,21 +178,24 @@ class ExporterBounds(dg.Config):
 def exporters_within_bounds(
     context: dg.AssetCheckExecutionContext, config: ExporterBounds, spark: SparkResource, store: DeltaStore
 ) -> dg.AssetCheckResult:
-    with spark.sized_for(store.snapshot_rows("exporter_positions", [context.partition_key])):
-        positions = read_stage(spark.spark_session, store, "exporter_positions", context.partition_key)
-        over = positions.where(
-            (F.col("lag_positions") > config.max_lag_positions) | (F.col("lag_ms") > config.max_lag_ms)
-        )
-        return _bound_result(
-            over.orderBy(F.desc_nulls_last("lag_positions")).limit(EXAMPLES).collect(),
-            ["exporter", "replica", "topic", "partition", "lag_positions", "lag_ms"],
-            over.count(),
-            {"max_lag_positions": config.max_lag_positions, "max_lag_ms": config.max_lag_ms},
-            "exporter position(s) lag beyond the bound",
-        )
+    return _bound_check(
+        spark, store, "exporter_positions", context.partition_key,
+        (F.col("lag_positions") > config.max_lag_positions) | (F.col("lag_ms") > config.max_lag_ms),
+        "lag_positions", ["exporter", "replica", "topic", "partition", "lag_positions", "lag_ms"],
+        {"max_lag_positions": config.max_lag_positions, "max_lag_ms": config.max_lag_ms},
+        "exporter position(s) lag beyond the bound",
+    )
 
 
-def _bound_result(examples, columns: list[str], total: int, bounds: dict, what: str) -> dg.AssetCheckResult:
+def _bound_check(
+    spark: SparkResource, store: DeltaStore, table: str, snapshot_id: str, over: Column, worst_first: str,
+    columns: list[str], bounds: dict, what: str,
+) -> dg.AssetCheckResult:
+    """WARN when rows of ``table`` are ``over`` their bound: their count, and the worst ``EXAMPLES`` (one query)."""
+    examples, counts = matching_rows(
+        spark, store, table, snapshot_id, over, [F.desc_nulls_last(worst_first)], {"over": F.count(F.lit(1))}, EXAMPLES
+    )
+    total = counts["over"]
     return dg.AssetCheckResult(
         passed=total == 0,
         severity=dg.AssetCheckSeverity.WARN,

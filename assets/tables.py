@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import dagster as dg
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
 from resources.delta_store import DeltaStore, StagedWrite, WriteResult
 from schemas.registry import model_for, struct_for
 from schemas.validation import SchemaViolation, TableValidation, dagster_table_schema
 
+if TYPE_CHECKING:
+    from resources.spark import SparkResource
+
 SCHEMA_CHECK = "matches_schema"
 MAX_LISTED_ERRORS = 20
+COUNT_PREFIX = "__count_"  # the step's own ``counts`` among a staged write's metrics
 
 
 def read_stage(spark: SparkSession, store: DeltaStore, table: str, snapshot_id: str | None) -> DataFrame:
@@ -34,6 +38,38 @@ def read_stage(spark: SparkSession, store: DeltaStore, table: str, snapshot_id: 
     if snapshot_id is None:
         return store.read_all(spark, table, struct_for(table))
     return store.read_snapshot(spark, table, snapshot_id, struct_for(table))
+
+
+def first_rows_and_counts(
+    frame: DataFrame, order: list[Column], counts: dict[str, Column], limit: int
+) -> tuple[list, dict[str, int]]:
+    """The first ``limit`` rows of ``frame`` in ``order``, and the aggregates ``counts`` over all of ``frame``: one query.
+
+    The counts ride along as an observation (``DataFrame.observe``) under the sort: keeping
+    the first rows reads every row of ``frame``, so the counts are complete. A count and a
+    query for the examples apart were two queries of a few Spark jobs each.
+    """
+    observation = Observation()
+    observed = frame.observe(observation, *[c.alias(name) for name, c in counts.items()])
+    rows = observed.orderBy(*order).limit(limit).collect()
+    return rows, {name: int(value or 0) for name, value in observation.get.items()}
+
+
+def matching_rows(
+    spark: "SparkResource", store: DeltaStore, table: str, snapshot_id: str, where: Column, order: list[Column],
+    counts: dict[str, Column], limit: int,
+) -> tuple[list, dict[str, int]]:
+    """``first_rows_and_counts`` of a snapshot's rows of ``table`` that match ``where`` (what an asset check reports).
+
+    When the Delta log says the snapshot has no row (a healthy snapshot's
+    ``divergence_reports``), the answer is known without Spark: no rows, every count 0.
+    """
+    rows = store.snapshot_rows(table, [snapshot_id])
+    if rows == 0:
+        return [], dict.fromkeys(counts, 0)
+    with spark.sized_for(rows):
+        frame = read_stage(spark.spark_session, store, table, snapshot_id).where(where)
+        return first_rows_and_counts(frame, order, counts, limit)
 
 
 def table_metadata(result: WriteResult, table: str) -> dict[str, Any]:
@@ -93,14 +129,20 @@ class StepTables:
         self.evaluation = evaluation
         self._staged: dict[str, _Staged] = {}
 
-    def stage(self, df: DataFrame, table: str, extra_metadata: dict[str, Any] | None = None) -> StagedWrite:
-        """Write ``df`` as ``table``'s staged files, its schema rules counted by the same job."""
+    def stage(
+        self, df: DataFrame, table: str, extra_metadata: dict[str, Any] | None = None,
+        counts: dict[str, Column] | None = None,
+    ) -> StagedWrite:
+        """Write ``df`` as ``table``'s staged files, its schema rules counted by the same job.
+
+        ``counts`` are more aggregates over the written rows for the step's metadata, computed by
+        that job too (no read-back of the staged files): ``StagedWrite.metrics[name]``.
+        """
         struct = struct_for(table)
         validation = TableValidation(model_for(table))
         started = time.perf_counter()
-        staged = self.store.stage(
-            self.spark, df, table, self.snapshot_id, struct, observe=validation.aggregates(struct)
-        )
+        observe = validation.aggregates(struct) + [c.alias(f"{COUNT_PREFIX}{n}") for n, c in (counts or {}).items()]
+        staged = self.store.stage(self.spark, df, table, self.snapshot_id, struct, observe=observe)
         self._staged[table] = _Staged(
             staged=staged,
             violations=validation.violations(struct, staged.metrics),
@@ -123,6 +165,11 @@ class StepTables:
             extra_metadata=dict(extra_metadata or {}),
         )
         return staged
+
+    def counts(self, table: str) -> dict[str, int]:
+        """The ``counts`` given to ``stage`` for ``table``, as computed by the job that wrote it."""
+        metrics = self._staged[table].staged.metrics
+        return {k[len(COUNT_PREFIX):]: int(v or 0) for k, v in metrics.items() if k.startswith(COUNT_PREFIX)}
 
     def frame(self, table: str) -> DataFrame:
         """The rows staged for ``table`` in this step (not yet published)."""

@@ -81,8 +81,23 @@ def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_la
     assert "[worst p99 <= 382 ms (dc-a from dc-a)]" in lines["replication_lag"][1]
     assert audit.failed_checks == ["divergence_reports:no_proven_divergence"]
     expected = json.loads((EXAMPLE / "two-regions.expected.json").read_text())["expected_reports"]
+    expected_keys = {(e["topic"], e["partition"], e["replica_a"], e["replica_b"], e["key"], e["verdict"]) for e in expected}
     proven = {r for r in _reports(spark, warehouse, "two-regions") if r[-1] in ("DIVERGENT", "MISSING")}
-    assert proven == {(e["topic"], e["partition"], e["replica_a"], e["replica_b"], e["key"], e["verdict"]) for e in expected}
+    assert proven == expected_keys
+    # The failed check counts every proven key and lists them in order (catches counts taken over
+    # the listed examples only, or examples out of order).
+    checks = {
+        (e.asset_key.to_user_string(), e.check_name): e
+        for e in (r.dagster_event.event_specific_data
+                  for r in instance.all_logs(audit.run_id, of_type=dg.DagsterEventType.ASSET_CHECK_EVALUATION))
+    }
+    failed = checks[("divergence_reports", "no_proven_divergence")]
+    assert not failed.passed
+    assert failed.metadata["divergent"].value == len(expected_keys) and failed.metadata["missing"].value == 0
+    fields = ("topic", "partition", "replica_a", "replica_b", "key", "verdict")
+    assert [tuple(k[f] for f in fields) for k in failed.metadata["example_keys"].value] == sorted(expected_keys)
+    for asset, name in (("replication_lag", "lag_within_bounds"), ("exporter_positions", "exporters_within_bounds")):
+        assert checks[(asset, name)].passed and checks[(asset, name)].metadata["over_bound"].value == 0
     raw = audit.metadata["raw_topic_snapshots"]
     assert raw["rows_read"] == 102 and raw["rows_quarantined"] == 0 and raw["rows_accepted"] == 102
     # Every table of the run was written, each with its snapshot's rows only.
