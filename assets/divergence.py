@@ -16,7 +16,8 @@ side by side with others: when the Delta log of ``replica_state`` names no other
 no state is read at all (``no_prior_state``: nothing can be continued); the written summary
 is read once, for the totals and the preview; and when it counts every key CONSISTENT the
 reports are committed empty without running their plan (it looks the witnesses' values up
-in every row).
+in every row). The replica state takes each key's last version per replica from the
+comparison's pass (``Comparison.last_versions``), not from another exchange of the rows.
 """
 
 from functools import reduce
@@ -31,7 +32,7 @@ from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.previews import divergence_by_pair
 from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
 from pipelines.frames import computed_once
-from pipelines.leapfrog import compare_replicas, comparison_layout
+from pipelines.leapfrog import compare, comparison_layout
 from pipelines.state import CONTEXT, REPLICA_PARTITION, PriorState, StateRefused, carry_over, next_state, \
     no_prior_state, prior_state, retained_states
 from resources.delta_store import DeltaStore
@@ -179,7 +180,8 @@ def divergence_reports(
         }
         # The replica partitions' layout (a handful of rows, one collect) serves the comparison and the state.
         layout = comparison_layout(carried_partitions)
-        reports, summary = compare_replicas(carried_rows, carried_partitions, layout)
+        comparison = compare(carried_rows, carried_partitions, layout)
+        reports, summary = comparison.reports, comparison.summary
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
         tables.stage(summary, "divergence_summary")
         # One row per topic partition and replica pair: read once for the totals and the preview.
@@ -199,7 +201,9 @@ def divergence_reports(
                 "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(summary_rows)),
             },
         )
-        state = next_state(carried_rows, carried_partitions, prior.versions, prior.context, regions=layout.regions)
+        # Every key's last version per replica comes from the comparison's pass, not from another exchange of the rows.
+        state = next_state(carried_rows, carried_partitions, prior.versions, prior.context, regions=layout.regions,
+                           last_versions=comparison.last_versions)
         tables.stage(state, STATE, extra_metadata=carried)
         # Unset, every state is kept and nothing is collected for the plan.
         dropped, retention = [], {"state_retention": "all"}

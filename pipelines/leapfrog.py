@@ -51,7 +51,11 @@ of equal content, ⊥, the rank queries of step 2 with a few sorts and binary se
 the whole partition (never one key at a time), the first proof per key, the counts and
 last versions. It returns one row per (pair, key) seen in either replica; Spark then
 names the pairs, decides the verdicts, counts them and looks up the values of the few
-witnesses. Written as Spark
+witnesses. The same pass also returns, per key and replica, the key's last version there
+(with ``L`` of its first row and its highest source offset per region): the replica state
+(``pipelines/state.py``) is built from those rows (``Comparison.last_versions``) instead of
+another exchange and sort-based aggregation of every row (2M rows, warm JVM: the state 3.0-3.7
+s instead of 5.8-7.1 s, the pass itself as before, docs/performance.md). Written as Spark
 windows, joins and aggregates instead (an ordering per region and rank problem, a full
 join of the two sides' keys, four exchanges and checkpoints), the comparison took about
 twice as long at 2M rows (docs/performance.md): Spark's window operator copies every row
@@ -155,15 +159,32 @@ class PairPlan:
     end: tuple[tuple[int, ...], tuple[int, ...]]  # L(end), dense: the reach of ⊥ for a key never written
 
 
+# The columns of a key's last version in one replica that the replica state keeps (``pipelines/state.py``).
+LAST_VERSION = (("offset", T.LongType()), ("kind", T.StringType()), ("value", T.StringType()),
+                ("value_hash", T.StringType()), ("source_region", T.StringType()), ("source_offset", T.LongType()),
+                ("write_ts", T.LongType()))
+_PAYLOAD = tuple(name for name, _ in LAST_VERSION if name not in ("offset", "value_hash"))  # read from the rows as they are
+
+
 def compare_columns(regions: int) -> T.StructType:
-    """What ``compare_keys`` returns per (pair, key): counts, last rows, and the witness when proven."""
+    """What ``compare_keys`` returns: rows of two kinds, told apart by a null ``pair_id``.
+
+    Per (pair, key), ``pair_id`` set: counts, last rows, and the witness when proven. Per
+    (topic partition, key, replica), ``pair_id`` null: the key's last version there
+    (``last_*``), ``L`` of its first row (``first_lower_{r}``) and its highest source offset
+    per region (``touched_{r}``), dense, ``-1`` missing: what the replica state keeps per key.
+    """
     longs = ["rows_a", "rows_b", "last_offset_a", "last_offset_b", "witness_offset_a", "witness_offset_b"]
     strings = ["key", "last_hash_a", "last_hash_b", "witness_hash_a", "witness_hash_b"]
     vectors = [f"{v}_{s}_{r}" for s in SIDES for v in ("touch", "reach") for r in range(regions)]
+    per_replica = [T.StructField("part_id", T.LongType()), T.StructField("replica_id", T.LongType())] + [
+        T.StructField(f"last_{name}", data_type) for name, data_type in LAST_VERSION
+    ] + [T.StructField(f"{v}_{r}", T.LongType()) for v in ("first_lower", "touched") for r in range(regions)]
     return T.StructType(
         [T.StructField("pair_id", T.LongType()), T.StructField("proven", T.BooleanType())]
         + [T.StructField(c, T.StringType()) for c in strings]
         + [T.StructField(c, T.LongType()) for c in longs + vectors]
+        + per_replica
     )
 
 
@@ -178,6 +199,7 @@ class _Rows:
         offset = table["offset"].to_numpy()
         tokens = pc.dictionary_encode(table["token"]).combine_chunks()
         order = np.lexsort((offset, replica, key, part))
+        self.table = table
         self.order = order
         self.part, self.replica, self.key, self.offset = part[order], replica[order], key[order], offset[order]
         self.token = tokens.indices.to_numpy()[order]
@@ -200,6 +222,42 @@ class _Rows:
         run_starts[1:] |= self.token[1:] != self.token[:-1]
         at = np.flatnonzero(run_starts)
         self.run_end = np.append(at, n)[np.searchsorted(at, np.arange(n), side="right")] - self.first[self.group]
+
+
+def _last_versions(rows: _Rows, region_names: Sequence[str], schema: pa.Schema) -> pa.RecordBatch:
+    """Per (topic partition, key, replica) group: its last row, ``L`` of its first row, its highest source offsets.
+
+    The replica state's per-key facts (``pipelines/state.py``, ``next_state``), taken from the
+    rows this pass holds anyway, where Spark would exchange and aggregate every row again.
+    """
+    first, last = rows.first, rows.end - 1
+    in_table = pa.array(rows.order[last])  # the last rows' places in the table as received
+    columns: dict[str, pa.Array] = {
+        "part_id": pa.array(rows.part[first].astype(np.int64)),
+        "replica_id": pa.array(rows.replica[first].astype(np.int64)),
+        "key": rows.key_names.dictionary.take(pa.array(rows.key[first])),
+        "last_offset": pa.array(rows.offset[last]),
+        "last_value_hash": rows.token_names.take(pa.array(rows.token[last])),
+        **{f"last_{name}": rows.table[name].take(in_table).combine_chunks() for name in _PAYLOAD},
+    }
+    for r, l_r in enumerate(rows.l):
+        columns[f"first_lower_{r}"] = pa.array(l_r[first])
+    # The highest source offset per region: each row's offset under its region's column, -1 elsewhere.
+    regions = pc.dictionary_encode(rows.table["source_region"]).combine_chunks()
+    index_of = {name: r for r, name in enumerate(region_names)}
+    region_ids = np.array([index_of.get(name, -1) for name in regions.dictionary.to_pylist()] + [-1], dtype=np.int64)
+    region = region_ids[regions.indices.fill_null(len(regions.dictionary)).to_numpy()[rows.order]]
+    source_offset = rows.table["source_offset"].fill_null(MISSING).to_numpy()[rows.order]
+    for r in range(len(region_names)):
+        columns[f"touched_{r}"] = pa.array(np.maximum.reduceat(np.where(region == r, source_offset, MISSING), first))
+    return _batch(columns, len(first), schema)
+
+
+def _batch(columns: dict[str, pa.Array], count: int, schema: pa.Schema) -> pa.RecordBatch:
+    """``columns`` as a batch of ``schema``; the other row kind's columns are null."""
+    return pa.RecordBatch.from_arrays(
+        [columns[f.name].cast(f.type) if f.name in columns else pa.nulls(count, f.type) for f in schema], schema=schema
+    )
 
 
 def _witness_columns(rows: _Rows, row: np.ndarray, bottom: np.ndarray, bottom_reach: list[np.ndarray], side: str):
@@ -295,17 +353,21 @@ def _compare_pair(rows: _Rows, plan: PairPlan, schema: pa.Schema) -> pa.RecordBa
         row = np.where(bottom | ~proven, 0, side["first"] + version - side["sop"])
         for name, values in _witness_columns(rows, row, bottom | ~proven, side["bottom_reach"], s).items():
             columns[name] = pc.if_else(pa.array(proven), values, pa.nulls(count, values.type))
-    return pa.RecordBatch.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
+    return _batch(columns, count, schema)
 
 
-def compare_keys(batches: Iterator[pa.RecordBatch], pairs: Sequence[PairPlan], regions: int) -> Iterator[pa.RecordBatch]:
+def compare_keys(
+    batches: Iterator[pa.RecordBatch], pairs: Sequence[PairPlan], region_names: Sequence[str]
+) -> Iterator[pa.RecordBatch]:
     """Steps 1-5 for every pair and key of one Spark partition (all rows of a key in a topic partition are here).
 
     Input rows: every data row, ``part_id, replica_id, key, offset, token, known`` (``U``
-    known) and dense ``u_r``, ``m_r``, ``l_r`` (``U``, ``M``, ``L``; one column per
-    region). Output: ``compare_columns(regions)``, one row per (pair, key) either replica
-    of the pair holds here.
+    known), dense ``u_r``, ``m_r``, ``l_r`` (``U``, ``M``, ``L``; one column per region of
+    ``region_names``) and the columns of ``_PAYLOAD``. Output: ``compare_columns``, one row
+    per (pair, key) either replica of the pair holds here, and one per (key, replica) with
+    the key's last version there (for the replica state).
     """
+    regions = len(region_names)
     received = list(batches)
     if not received:
         return
@@ -314,6 +376,7 @@ def compare_keys(batches: Iterator[pa.RecordBatch], pairs: Sequence[PairPlan], r
         return
     schema = pa.schema([pa.field(f.name, _ARROW[type(f.dataType)]) for f in compare_columns(regions).fields])
     rows = _Rows(table, regions)
+    yield _last_versions(rows, region_names, schema)
     present = set(np.unique(rows.part[rows.first]).tolist())
     for plan in pairs:
         if plan.part_id in present:
@@ -367,27 +430,31 @@ def comparison_layout(partition_wm: DataFrame) -> ComparisonLayout:
     return ComparisonLayout(regions, replica_partitions, pairs, plans)
 
 
-def _compared(row_watermarks: DataFrame, layout: ComparisonLayout) -> DataFrame:
-    """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass."""
-    spark = row_watermarks.sparkSession
-    ids = spark.createDataFrame(
+def _replica_partition_ids(spark, layout: ComparisonLayout) -> DataFrame:
+    return spark.createDataFrame(
         layout.replica_partitions,
         "snapshot_id string, replica string, topic string, partition int, part_id int, replica_id int",
     )
+
+
+def _compared(row_watermarks: DataFrame, layout: ComparisonLayout) -> DataFrame:
+    """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass."""
+    ids = _replica_partition_ids(row_watermarks.sparkSession, layout)
     regions = layout.regions
     dense_of = {"u": dense(F.col("touch_bound"), regions), "m": dense(F.col("reach"), regions),
                 "l": dense(F.col("applied_lower_bound"), regions)}
     flat = row_watermarks.join(F.broadcast(ids), on=list(REPLICA_PARTITION), how="inner").select(
         "part_id", "replica_id", "key", "offset", F.col("value_hash").alias("token"),
-        F.col("touch_bound").isNotNull().alias("known"), *[dense_of[v].alias(v) for v in dense_of],
+        F.col("touch_bound").isNotNull().alias("known"), *[dense_of[v].alias(v) for v in dense_of], *_PAYLOAD,
     ).select(
         "part_id", "replica_id", "key", "offset", "token", "known",
         *[F.coalesce(F.col(v)[r], F.lit(MISSING).cast(T.LongType())).alias(f"{v}_{r}")
           for v in dense_of for r in range(len(regions))],
+        *_PAYLOAD,
     )
     schema = compare_columns(len(regions))
     return flat.repartition("part_id", "key").mapInArrow(
-        partial(compare_keys, pairs=layout.plans, regions=len(regions)), schema
+        partial(compare_keys, pairs=layout.plans, region_names=tuple(regions)), schema
     )
 
 
@@ -460,13 +527,27 @@ def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
     )
 
 
-def compare_replicas(
-    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None
-) -> tuple[DataFrame, DataFrame]:
-    """Leap Frog over every replica pair: (``divergence_reports``, ``divergence_summary``).
+@dataclass(frozen=True)
+class Comparison:
+    """What the pass gives: ``divergence_reports``, ``divergence_summary``, and every key's last version per replica.
 
-    ``layout`` is ``comparison_layout(partition_wm)`` when the caller has it already (its
-    ``regions`` serve the replica state too), else it is read here.
+    ``last_versions``: one row per (snapshot, replica, topic, partition, key) with the last
+    version's ``LAST_VERSION`` columns, ``first_lower_bound`` (``L`` of the key's first row)
+    and ``touched`` (the highest ``source_offset`` per region of the key's rows), which
+    ``pipelines.state.next_state`` turns into the replica state.
+    """
+
+    reports: DataFrame
+    summary: DataFrame
+    last_versions: DataFrame
+
+
+def compare(row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None) -> Comparison:
+    """Leap Frog over every replica pair, and every key's last version per replica, from one pass.
+
+    ``layout`` is ``comparison_layout(partition_wm)`` when the caller has it already, else it
+    is read here. The pass's output is computed once (a local checkpoint); the reports, the
+    summary and the last versions each read it.
     """
     layout = comparison_layout(partition_wm) if layout is None else layout
     spark = row_watermarks.sparkSession
@@ -475,10 +556,28 @@ def compare_replicas(
         "snapshot_id string, topic string, partition int, replica_a string, replica_b string, "
         "pair_id long, sop_a boolean, sop_b boolean",
     )
-    # Reports and summary both derive from the verdicts: computed once (a local checkpoint).
-    verdicts = computed_once(_verdicts(_compared(row_watermarks, layout), pairs, layout.regions))
+    compared = computed_once(_compared(row_watermarks, layout))
+    per_pair = compared.where(F.col("pair_id").isNotNull())
+    verdicts = _verdicts(per_pair, pairs, layout.regions)
     reports = _with_values(verdicts.where(F.col("verdict") != "CONSISTENT"), row_watermarks)
-    return (
-        conform(reports, DivergenceReports.to_structtype()),
-        conform(_summary(pairs, verdicts), DivergenceSummary.to_structtype()),
+    regions = layout.regions
+    last_versions = compared.where(F.col("pair_id").isNull()).join(
+        F.broadcast(_replica_partition_ids(spark, layout)), on=["part_id", "replica_id"], how="inner"
+    ).select(
+        *REPLICA_PARTITION, "key", *[F.col(f"last_{name}").alias(name) for name, _ in LAST_VERSION],
+        sparse([F.col(f"first_lower_{r}") for r in range(len(regions))], regions).alias("first_lower_bound"),
+        sparse([F.col(f"touched_{r}") for r in range(len(regions))], regions).alias("touched"),
     )
+    return Comparison(
+        reports=conform(reports, DivergenceReports.to_structtype()),
+        summary=conform(_summary(pairs, verdicts), DivergenceSummary.to_structtype()),
+        last_versions=last_versions,
+    )
+
+
+def compare_replicas(
+    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None
+) -> tuple[DataFrame, DataFrame]:
+    """Leap Frog over every replica pair: (``divergence_reports``, ``divergence_summary``) of ``compare``."""
+    comparison = compare(row_watermarks, partition_wm, layout)
+    return comparison.reports, comparison.summary

@@ -693,19 +693,40 @@ def _as_state(df: DataFrame) -> DataFrame:
     )
 
 
+def last_versions_of(row_wm: DataFrame, regions: Sequence[str]) -> DataFrame:
+    """Every key's last version per replica partition of ``row_wm``, aggregated by Spark (``Comparison.last_versions``'s rows).
+
+    ``pipelines.leapfrog.compare`` gives the same rows from the comparison's own pass; this
+    aggregation (an exchange and sort of every row) serves a state built without it.
+    """
+    rp = list(REPLICA_PARTITION)
+    last = F.struct(*[F.col(c) for c in ("offset", "kind", "value", "value_hash", "source_region", "source_offset",
+                                         "write_ts")])
+    return row_wm.groupBy("snapshot_id", *rp, "key").agg(
+        F.max_by(last, "offset").alias("last"),
+        # A carried version is its key's first row: its applied_lower_bound is the stored first_lower_bound.
+        F.min_by("applied_lower_bound", "offset").alias("first_lower_bound"),
+        sparse([F.max(F.when(F.col("source_region") == F.lit(r), F.col("source_offset"))) for r in regions],
+               regions).alias("touched"),
+    ).select("snapshot_id", *rp, "key", "last.*", "first_lower_bound", "touched")
+
+
 def next_state(
     row_wm: DataFrame,
     partition_wm: DataFrame,
     prior_versions: DataFrame,
     prior_context: DataFrame,
     regions: Sequence[str] | None = None,
+    last_versions: DataFrame | None = None,
 ) -> DataFrame:
     """The ``replica_state`` rows after one snapshot: each key's last version, one context per replica partition.
 
     ``row_wm`` and ``partition_wm`` are ``carry_over``'s output (a carried version is
     the first row of its key there); ``prior_versions``/``prior_context`` its inputs,
     read again for the carried versions' ``key_touch`` and origin and the stream's
-    first offset and predecessor. ``regions``: ``partition_regions(partition_wm)`` when the
+    first offset and predecessor. ``last_versions``: the comparison's
+    (``Comparison.last_versions``) when the caller has it, else aggregated from ``row_wm``
+    (``last_versions_of``). ``regions``: ``partition_regions(partition_wm)`` when the
     caller has it already (the comparison's layout), else read here (one small job).
     """
     rp = list(REPLICA_PARTITION)
@@ -722,26 +743,18 @@ def next_state(
         .join(ctx.select("previous_snapshot_id", *rp), on=["previous_snapshot_id", *rp], how="inner")
         .drop("previous_snapshot_id")
     )
-    regions = partition_regions(partition_wm) if regions is None else list(regions)
-    last = F.struct(*[F.col(c) for c in ("offset", "kind", "value", "value_hash", "source_region", "source_offset",
-                                         "write_ts")])
-    per_key = row_wm.groupBy("snapshot_id", *rp, "key").agg(
-        F.max_by(last, "offset").alias("last"),
-        # A carried version is its key's first row: its applied_lower_bound is the stored first_lower_bound.
-        F.min_by("applied_lower_bound", "offset").alias("first_lower_bound"),
-        sparse([F.max(F.when(F.col("source_region") == F.lit(r), F.col("source_offset"))) for r in regions],
-               regions).alias("touched"),
-    )
+    if last_versions is None:
+        last_versions = last_versions_of(row_wm, partition_regions(partition_wm) if regions is None else regions)
     versions = computed_once(_as_state(
-        per_key.join(prior, on=[*rp, "key"], how="left").select(
+        last_versions.join(prior, on=[*rp, "key"], how="left").select(
             "snapshot_id",
             F.lit(VERSION).alias("row_kind"),
             *rp,
             "key",
-            "last.*",
+            "offset", "kind", "value", "value_hash", "source_region", "source_offset", "write_ts",
             vector_max(F.col("prior_touch"), F.col("touched")).alias("key_touch"),
             "first_lower_bound",
-            F.when(F.col("last.offset") == F.col("prior_offset"), F.col("prior_origin"))
+            F.when(F.col("offset") == F.col("prior_offset"), F.col("prior_origin"))
             .otherwise(F.col("snapshot_id"))
             .alias("origin_snapshot_id"),
         )

@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from assets.partitions import SNAPSHOTS
-from pipelines.leapfrog import compare_replicas
+from pipelines.leapfrog import compare, compare_replicas
 from pipelines.segments import annotate_segments
 from pipelines.state import (
     CONTEXT,
@@ -156,8 +156,11 @@ def audit(
     prior = prior_state(state if state is not None else no_state(spark), part_wm, snapshot_id, every_raw)
     carried_rows, carried_parts = carry_over(row_wm, part_wm, prior.versions, prior.context)
     carried_rows = carried_rows.localCheckpoint(eager=True)
-    reports, summary = compare_replicas(carried_rows, carried_parts)
-    after = next_state(carried_rows, carried_parts, prior.versions, prior.context).localCheckpoint(eager=True)
+    # As the asset runs it: the state's last versions come from the comparison's pass.
+    comparison = compare(carried_rows, carried_parts)
+    reports, summary = comparison.reports, comparison.summary
+    after = next_state(carried_rows, carried_parts, prior.versions, prior.context,
+                       last_versions=comparison.last_versions).localCheckpoint(eager=True)
     return Audit(reports=[r.asDict() for r in reports.collect()], summary=[r.asDict() for r in summary.collect()],
                  row_wm=row_wm, part_wm=part_wm, prior=prior, rows=carried_rows, parts=carried_parts, state=after,
                  raw=own_raw)
@@ -188,6 +191,30 @@ def audits(spark, tmp_path_factory) -> Audits:
     alone = Compared([r.asDict() for r in alone_reports.collect()], [r.asDict() for r in alone_summary.collect()])
     s3 = audit(spark, [r for r in rows if r["topic"] != "late_p"], "s3", s1.state)
     return Audits(rows, s1_rows, s2_rows, s1, s2, alone, s3)
+
+
+def _comparable(state: DataFrame) -> set[tuple]:
+    """State rows as hashable tuples (maps as their sorted entries)."""
+    return {
+        tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v for v in row)
+        for row in state.collect()
+    }
+
+
+def test_the_state_from_the_comparisons_pass_is_the_state_spark_aggregates(spark, audits):
+    """Every state row (last versions, carried ones included, and contexts with their checksums) is the
+    same whether each key's last version comes from the comparison's pass (as the asset does) or from
+    Spark's aggregation of the rows (``last_versions_of``).
+
+    Bug caught: the pass taking a key's first row for its last (or the reverse), a payload column
+    taken from another row (the rows are sorted in the pass, the payload is not), a region's
+    highest source offset lost or put under another region, a lone replica partition (no pair to
+    compare) left out of the state, or ``L`` of a carried key's first row not being the stored one.
+    """
+    for audited in (audits.s1, audits.s2, audits.s3):
+        aggregated = next_state(audited.rows, audited.parts, audited.prior.versions, audited.prior.context)
+        assert _comparable(audited.state) == _comparable(aggregated)
+        assert audited.state.count() == aggregated.count()
 
 
 def topic_rows(df: DataFrame, topic: str) -> list[dict]:
