@@ -54,8 +54,8 @@ names the pairs, decides the verdicts, counts them and looks up the values of th
 witnesses. The same pass also returns, per key and replica, the key's last version there
 (with ``L`` of its first row and its highest source offset per region): the replica state
 (``pipelines/state.py``) is built from those rows (``Comparison.last_versions``) instead of
-another exchange and sort-based aggregation of every row (2M rows, warm JVM: the state 3.0-3.7
-s instead of 5.8-7.1 s, the pass itself as before, docs/performance.md). Written as Spark
+another exchange and sort-based aggregation of every row (2M rows, warm JVM: the state 3.0-4.1
+s instead of 5.8-7.1 s, the pass about as before; docs/performance.md). Written as Spark
 windows, joins and aggregates instead (an ordering per region and rank problem, a full
 join of the two sides' keys, four exchanges and checkpoints), the comparison took about
 twice as long at 2M rows (docs/performance.md): Spark's window operator copies every row
