@@ -10,7 +10,11 @@ asset's blocking ``matches_schema`` check did not pass, no downstream step runs.
 
 A table built from another table of the same step reads that table's staged files
 (``StepTables.frame``): nothing is read back from Delta for it, and nothing is published
-before the whole step has been validated.
+before the whole step has been validated. A step's own counts for its metadata ride on the
+same job (``StepTables.stage(..., counts=)``).
+
+Asset checks read a table through ``matching_rows``: the first rows that break a bound and
+their count in one query, and no query at all when the Delta log says the snapshot is empty.
 """
 from __future__ import annotations
 
