@@ -125,6 +125,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
+from pipelines.leapfrog import LAST_VERSION
 from pipelines.vectors import conform, partition_regions, running_max_single, sparse, vector_max
 from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState
@@ -134,6 +135,7 @@ VERSION = "VERSION"
 CONTEXT = "CONTEXT"
 REPLICA_PARTITION = ("replica", "topic", "partition")
 VECTOR_COLUMNS = ("key_touch", "first_lower_bound")
+LAST_VERSION_COLUMNS = tuple(name for name, _ in LAST_VERSION)  # a key's last version: what a VERSION row keeps of it
 VERSION_COLUMNS = (
     "key", "offset", "kind", "value", "value_hash", "source_region", "source_offset", "write_ts",
     "key_touch", "first_lower_bound", "origin_snapshot_id",
@@ -700,8 +702,7 @@ def last_versions_of(row_wm: DataFrame, regions: Sequence[str]) -> DataFrame:
     aggregation (an exchange and sort of every row) serves a state built without it.
     """
     rp = list(REPLICA_PARTITION)
-    last = F.struct(*[F.col(c) for c in ("offset", "kind", "value", "value_hash", "source_region", "source_offset",
-                                         "write_ts")])
+    last = F.struct(*[F.col(c) for c in LAST_VERSION_COLUMNS])
     return row_wm.groupBy("snapshot_id", *rp, "key").agg(
         F.max_by(last, "offset").alias("last"),
         # A carried version is its key's first row: its applied_lower_bound is the stored first_lower_bound.
@@ -751,7 +752,7 @@ def next_state(
             F.lit(VERSION).alias("row_kind"),
             *rp,
             "key",
-            "offset", "kind", "value", "value_hash", "source_region", "source_offset", "write_ts",
+            *LAST_VERSION_COLUMNS,
             vector_max(F.col("prior_touch"), F.col("touched")).alias("key_touch"),
             "first_lower_bound",
             F.when(F.col("offset") == F.col("prior_offset"), F.col("prior_origin"))
