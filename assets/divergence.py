@@ -181,9 +181,8 @@ def divergence_reports(
         # The replica partitions' layout (a handful of rows, one collect) serves the comparison and the state.
         layout = comparison_layout(carried_partitions)
         comparison = compare(carried_rows, carried_partitions, layout)
-        reports, summary = comparison.reports, comparison.summary
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
-        tables.stage(summary, "divergence_summary")
+        tables.stage(comparison.summary, "divergence_summary")
         # One row per topic partition and replica pair: read once for the totals and the preview.
         summary_rows = tables.frame("divergence_summary").collect()
         totals = verdict_totals(summary_rows)
@@ -192,7 +191,7 @@ def divergence_reports(
             # values looked up in every row) is never run.
             tables.stage_empty("divergence_reports")
         else:
-            tables.stage(reports, "divergence_reports")
+            tables.stage(comparison.reports, "divergence_reports")
         tables.add_metadata(
             "divergence_reports",
             {

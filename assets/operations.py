@@ -12,8 +12,8 @@ from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
 from pipelines.lag import heartbeat_lag, lag_summary
 from resources.delta_store import DeltaStore
-from schemas.operations import ANOMALIES
 from resources.spark import SparkResource
+from schemas.operations import ANOMALIES
 
 GROUP = "operations"
 KINDS = {"spark", "delta"}

@@ -140,7 +140,7 @@ class StepTables:
         """Write ``df`` as ``table``'s staged files, its schema rules counted by the same job.
 
         ``counts`` are more aggregates over the written rows for the step's metadata, computed by
-        that job too (no read-back of the staged files): ``StagedWrite.metrics[name]``.
+        that job too (no read-back of the staged files); ``counts(table)`` returns them by name.
         """
         struct = struct_for(table)
         validation = TableValidation(model_for(table))

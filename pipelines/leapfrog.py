@@ -82,8 +82,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
+from pipelines.state import LAST_VERSION_COLUMNS
 from pipelines.vectors import MISSING, conform, dense, sparse
 from schemas.divergence import DivergenceReports, DivergenceSummary
+from schemas.state import ReplicaState
 
 ABSENT = "ABSENT"
 PART = ("snapshot_id", "topic", "partition")
@@ -159,10 +161,9 @@ class PairPlan:
     end: tuple[tuple[int, ...], tuple[int, ...]]  # L(end), dense: the reach of ⊥ for a key never written
 
 
-# The columns of a key's last version in one replica that the replica state keeps (``pipelines/state.py``).
-LAST_VERSION = (("offset", T.LongType()), ("kind", T.StringType()), ("value", T.StringType()),
-                ("value_hash", T.StringType()), ("source_region", T.StringType()), ("source_offset", T.LongType()),
-                ("write_ts", T.LongType()))
+# The columns of a key's last version in one replica that the replica state keeps, typed as its schema types them.
+_STATE_FIELDS = ReplicaState.to_structtype()
+LAST_VERSION = tuple((name, _STATE_FIELDS[name].dataType) for name in LAST_VERSION_COLUMNS)
 _PAYLOAD = tuple(name for name, _ in LAST_VERSION if name not in ("offset", "value_hash"))  # read from the rows as they are
 
 
@@ -437,9 +438,11 @@ def _replica_partition_ids(spark, layout: ComparisonLayout) -> DataFrame:
     )
 
 
-def _compared(row_watermarks: DataFrame, layout: ComparisonLayout) -> DataFrame:
-    """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass."""
-    ids = _replica_partition_ids(row_watermarks.sparkSession, layout)
+def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame) -> DataFrame:
+    """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass.
+
+    ``ids``: ``_replica_partition_ids`` of ``layout``, which name each row's replica partition by number.
+    """
     regions = layout.regions
     dense_of = {"u": dense(F.col("touch_bound"), regions), "m": dense(F.col("reach"), regions),
                 "l": dense(F.col("applied_lower_bound"), regions)}
@@ -556,13 +559,14 @@ def compare(row_watermarks: DataFrame, partition_wm: DataFrame, layout: Comparis
         "snapshot_id string, topic string, partition int, replica_a string, replica_b string, "
         "pair_id long, sop_a boolean, sop_b boolean",
     )
-    compared = computed_once(_compared(row_watermarks, layout))
+    ids = _replica_partition_ids(spark, layout)
+    compared = computed_once(_compared(row_watermarks, layout, ids))
     per_pair = compared.where(F.col("pair_id").isNotNull())
     verdicts = _verdicts(per_pair, pairs, layout.regions)
     reports = _with_values(verdicts.where(F.col("verdict") != "CONSISTENT"), row_watermarks)
     regions = layout.regions
     last_versions = compared.where(F.col("pair_id").isNull()).join(
-        F.broadcast(_replica_partition_ids(spark, layout)), on=["part_id", "replica_id"], how="inner"
+        F.broadcast(ids), on=["part_id", "replica_id"], how="inner"
     ).select(
         *REPLICA_PARTITION, "key", *[F.col(f"last_{name}").alias(name) for name, _ in LAST_VERSION],
         sparse([F.col(f"first_lower_{r}") for r in range(len(regions))], regions).alias("first_lower_bound"),

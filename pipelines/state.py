@@ -125,7 +125,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.leapfrog import LAST_VERSION
 from pipelines.vectors import conform, partition_regions, running_max_single, sparse, vector_max
 from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState
@@ -135,11 +134,9 @@ VERSION = "VERSION"
 CONTEXT = "CONTEXT"
 REPLICA_PARTITION = ("replica", "topic", "partition")
 VECTOR_COLUMNS = ("key_touch", "first_lower_bound")
-LAST_VERSION_COLUMNS = tuple(name for name, _ in LAST_VERSION)  # a key's last version: what a VERSION row keeps of it
-VERSION_COLUMNS = (
-    "key", "offset", "kind", "value", "value_hash", "source_region", "source_offset", "write_ts",
-    "key_touch", "first_lower_bound", "origin_snapshot_id",
-)
+# What a VERSION row keeps of its key's last data row (the comparison's pass returns them too: pipelines/leapfrog.py).
+LAST_VERSION_COLUMNS = ("offset", "kind", "value", "value_hash", "source_region", "source_offset", "write_ts")
+VERSION_COLUMNS = ("key", *LAST_VERSION_COLUMNS, "key_touch", "first_lower_bound", "origin_snapshot_id")
 MAX_LISTED = 20
 PROBLEMS = ("DUPLICATE_CONTEXT", "STATE_ROWS", "STATE_CHECKSUM")
 

@@ -13,11 +13,10 @@ import time
 
 import dagster as dg
 import pytest
+from dagster._core.execution.retries import RetryMode
 from dagster._core.utils import make_new_run_id
 
 from replica_lens.cli import EXIT_USAGE, main
-from dagster._core.execution.retries import RetryMode
-
 from replica_lens.executor import ThreadedExecutor, execute_here, threaded_in_process_executor
 from resources.session import INTERPRETED, code_generation
 

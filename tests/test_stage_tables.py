@@ -11,6 +11,7 @@ from assets.tables import StepTables, first_rows_and_counts, matching_rows
 from resources.delta_store import DeltaStore
 from schemas.registry import struct_for
 from tests.rows import raw_frame
+from tests.spark_work import measure_work
 
 TABLE = "raw_topic_snapshots"
 QUARANTINE = "raw_topic_quarantine"
@@ -135,29 +136,20 @@ def _live_paths(store, table) -> list[str]:
     return pa.table(DeltaTable(store.table_uri(table)).get_add_actions(flatten=True)).column("path").to_pylist()
 
 
-def _executions(spark, action) -> tuple[int, object]:
-    """(SQL executions ``action()`` ran, its result), from the JVM's SQL status store."""
-    listener_bus = spark.sparkContext._jsc.sc().listenerBus()
-    sql_store = spark._jsparkSession.sharedState().statusStore()
-    listener_bus.waitUntilEmpty()  # the store is fed asynchronously by the listener bus
-    before = sql_store.executionsCount()
-    result = action()
-    listener_bus.waitUntilEmpty()
-    return sql_store.executionsCount() - before, result
-
-
 def test_a_steps_own_counts_come_from_the_job_that_writes_the_table(spark, store):
     """Catches: ``counts`` computed wrongly (by the wrong name, or only over part of the rows), or
     computed by a query of its own (reading the staged table back, as the anomaly step did)."""
     df = raw_frame(spark, _rows(7), "s1")
     tables = StepTables(spark, store, "s1")
     alone = StepTables(spark, store, "s1")
-    plain, _ = _executions(spark, lambda: alone.stage(df, TABLE))
+    with measure_work(spark) as plain:
+        alone.stage(df, TABLE)
     alone.discard()
-    counted, _ = _executions(spark, lambda: tables.stage(
-        df, TABLE, counts={"even": F.count_if(F.col("offset") % 2 == 0), "none": F.count_if(F.col("offset") < 0)}
-    ))
-    assert counted == plain
+    with measure_work(spark) as counted:
+        tables.stage(
+            df, TABLE, counts={"even": F.count_if(F.col("offset") % 2 == 0), "none": F.count_if(F.col("offset") < 0)}
+        )
+    assert (counted.executions, counted.stages) == (plain.executions, plain.stages)
     assert tables.counts(TABLE) == {"even": 4, "none": 0}
     (result,) = tables.publish()
     assert result.check_results[0].passed and result.metadata["dagster/row_count"] == 7
@@ -167,11 +159,12 @@ def test_first_rows_and_counts_are_one_query_and_count_every_match(spark):
     """Catches: the counts covering only the first rows kept (an observation placed after the limit),
     the first rows in the wrong order, or a second query for the counts (as the checks ran before)."""
     df = spark.createDataFrame([(i, "odd" if i % 2 else "even") for i in range(50)], "n int, parity string")
-    runs, (rows, counts) = _executions(spark, lambda: first_rows_and_counts(
-        df.where(F.col("n") >= 5), [F.desc("n")],
-        {"matches": F.count(F.lit(1)), "odd": F.count_if(F.col("parity") == "odd")}, 3,
-    ))
-    assert runs == 1
+    with measure_work(spark) as work:
+        rows, counts = first_rows_and_counts(
+            df.where(F.col("n") >= 5), [F.desc("n")],
+            {"matches": F.count(F.lit(1)), "odd": F.count_if(F.col("parity") == "odd")}, 3,
+        )
+    assert work.executions == 1
     assert [r["n"] for r in rows] == [49, 48, 47]
     assert counts == {"matches": 45, "odd": 23}
 
@@ -193,9 +186,9 @@ def test_a_check_of_a_table_the_log_knows_empty_runs_no_spark_job(spark, store):
             return contextlib.nullcontext("compiled")
 
     everything, anything = F.lit(True), {"rows": F.count(F.lit(1))}
-    runs, found = _executions(spark, lambda: matching_rows(Resource, store, TABLE, "s1", everything, [F.col("offset")],
-                                                           anything, 2))
-    assert (runs, found) == (0, ([], {"rows": 0}))
-    runs, (rows, counts) = _executions(spark, lambda: matching_rows(Resource, store, TABLE, "s2", everything,
-                                                                    [F.col("offset")], anything, 2))
-    assert runs == 1 and [r["offset"] for r in rows] == [0, 1] and counts == {"rows": 3}
+    with measure_work(spark) as work:
+        found = matching_rows(Resource, store, TABLE, "s1", everything, [F.col("offset")], anything, 2)
+    assert (work.executions, work.stages, found) == (0, 0, ([], {"rows": 0}))
+    with measure_work(spark) as work:
+        rows, counts = matching_rows(Resource, store, TABLE, "s2", everything, [F.col("offset")], anything, 2)
+    assert work.executions == 1 and [r["offset"] for r in rows] == [0, 1] and counts == {"rows": 3}
