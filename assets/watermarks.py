@@ -58,7 +58,7 @@ def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, 
             "partition_watermarks",
             group_name=GROUP,
             kinds=KINDS,
-            deps=["heartbeat_segments"],
+            deps=["heartbeat_segment_summary"],
             description="Per replica partition: L at the end of the dump, pre-history bound P, resolved timestamp.",
         ),
     ],
@@ -73,7 +73,9 @@ def reconstructed_watermarks(context: dg.AssetExecutionContext, spark: SparkReso
     with spark.sized_for(store.snapshot_rows("heartbeat_segments", [snapshot_id])) as evaluation:
         annotated = read_stage(session, store, "heartbeat_segments", snapshot_id)
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
-        # The few partition rows first: P and L(end) of every data row are then read from them.
-        tables.stage(partition_watermarks(annotated), "partition_watermarks")
+        # The few partition rows first, from the segments' summary (not from every row again): P and L(end) of every
+        # data row are then read from them.
+        summary = read_stage(session, store, "heartbeat_segment_summary", snapshot_id)
+        tables.stage(partition_watermarks(summary), "partition_watermarks")
         tables.stage(reconstruct_watermarks(annotated, tables.frame("partition_watermarks")), "reconstructed_watermarks")
         yield from tables.publish()

@@ -87,7 +87,15 @@ def bound_after_last_row() -> Column:
 
 
 def summarize_segments(annotated: DataFrame) -> DataFrame:
-    """One row per segment: offsets, rows per kind, baseline, closing watermark, resolved timestamp."""
+    """One row per segment: offsets, rows per kind, first kind, baseline, closing watermark, resolved timestamp.
+
+    It holds what ``pipelines.watermarks.partition_watermarks`` needs, so that the bounds of
+    each replica partition come from its few segments instead of from every row again: the
+    first row's kind (a dump starts with START_OF_PUSH only in segment 0), whether the
+    opening heartbeat carries a vector (the first one that does is ``P``), the closing
+    watermark (the last segment's is ``L(end)``) and the resolved timestamp, which only a
+    heartbeat changes and so is the same on every row of a segment.
+    """
     kind = F.col("kind")
 
     def count_of(condition: Column) -> Column:
@@ -103,7 +111,10 @@ def summarize_segments(annotated: DataFrame) -> DataFrame:
         count_of(kind == "DELETE").alias("deletes"),
         count_of(kind == "HEARTBEAT").alias("heartbeats"),
         count_of(~kind.isin("PUT", "DELETE", "HEARTBEAT")).alias("other_rows"),
+        F.min_by("kind", "offset").alias("first_kind"),
         F.max_by("baseline_vector", "offset").alias("baseline_vector"),
+        # A segment holds at most one heartbeat, its opening one.
+        F.bool_or((kind == "HEARTBEAT") & F.col("hb_vector").isNotNull()).alias("opening_has_vector"),
         bound_after_last_row().alias("closing_watermark"),
         F.max("opening_applied_ts_min_ms").alias("opening_applied_ts_min_ms"),
         F.max("opening_applied_ts_max_ms").alias("opening_applied_ts_max_ms"),

@@ -73,7 +73,13 @@ class HeartbeatSegmentSummary(pa.DataFrameModel):
     deletes: T.LongType() = pa.Field(nullable=False, ge=0)
     heartbeats: T.LongType() = pa.Field(nullable=False, ge=0, le=1)
     other_rows: T.LongType() = pa.Field(nullable=False, ge=0, description="START_OF_PUSH rows")
+    first_kind: T.StringType() = pa.Field(
+        nullable=False, isin=list(VERSION_TOPIC_KINDS), description="Kind of the segment's first row"
+    )
     baseline_vector: VECTOR = pa.Field(nullable=True)
+    opening_has_vector: T.BooleanType() = pa.Field(
+        nullable=False, description="The opening heartbeat carries an hb_vector (the baseline is that vector)"
+    )
     closing_watermark: VECTOR = pa.Field(
         nullable=False, description="Applied lower bound after the segment's last row"
     )

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from assets.partitions import SNAPSHOTS
 from pipelines.leapfrog import compare, compare_replicas
-from pipelines.segments import annotate_segments
+from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.state import (
     CONTEXT,
     VERSION,
@@ -112,7 +112,7 @@ def stage(spark, rows: list[dict], snapshot_id: str) -> tuple[DataFrame, DataFra
     """(reconstructed_watermarks, partition_watermarks) of a snapshot, as the watermark assets compute them."""
     annotated = annotate_segments(raw_frame(spark, rows, snapshot_id))
     return (reconstruct_watermarks(annotated).localCheckpoint(eager=True),
-            partition_watermarks(annotated).localCheckpoint(eager=True))
+            partition_watermarks(summarize_segments(annotated)).localCheckpoint(eager=True))
 
 
 def no_state(spark) -> DataFrame:

@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from pipelines.leapfrog import compare_replicas
-from pipelines.segments import annotate_segments
+from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.vectors import vector_leq
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from schemas.divergence import DivergenceReports, DivergenceSummary
@@ -151,7 +151,7 @@ ALL_ROWS = [row for rows in SCENARIOS.values() for row in rows] + example_rows()
 def stages(spark):
     annotated = annotate_segments(raw_frame(spark, ALL_ROWS)).localCheckpoint()
     row_watermarks = reconstruct_watermarks(annotated).localCheckpoint()
-    partition_wm = partition_watermarks(annotated).localCheckpoint()
+    partition_wm = partition_watermarks(summarize_segments(annotated)).localCheckpoint()
     reports, summary = compare_replicas(row_watermarks, partition_wm)
     return {
         "watermarks": row_watermarks,
@@ -473,7 +473,7 @@ def test_a_hot_key_is_compared_with_work_linear_in_its_versions(spark):
     topic = {n: f"hot_{n}" for n in sizes}
     rows = {n: hot_key_rows(topic[n], n) for n in sizes}
     annotated = annotate_segments(raw_frame(spark, [r for n in sizes for r in rows[n]])).localCheckpoint()
-    partition_wm = partition_watermarks(annotated).localCheckpoint()
+    partition_wm = partition_watermarks(summarize_segments(annotated)).localCheckpoint()
     row_wm = reconstruct_watermarks(annotated, partition_wm).localCheckpoint()
 
     compared, paired = {}, {}

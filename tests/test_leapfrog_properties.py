@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.leapfrog import compare_replicas
-from pipelines.segments import annotate_segments
+from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from tests.reference_leapfrog import ABSENT, dumps_of, reference_verdicts, token
 from tests.rows import raw_frame
@@ -184,12 +184,14 @@ def small_runs(spark):
             spark.conf.set(key, value)
 
 
-def run_spark(spark, rows: list[dict]) -> tuple[dict, list[dict]]:
+def run_spark(spark, rows: list[dict]) -> tuple[dict, list[dict], list[dict]]:
+    """(reports by key, reconstructed watermarks, partition watermarks), computed as the assets do."""
     annotated = annotate_segments(raw_frame(spark, rows)).localCheckpoint()
-    row_watermarks = reconstruct_watermarks(annotated).localCheckpoint()
-    reports, _ = compare_replicas(row_watermarks, partition_watermarks(annotated).localCheckpoint())
+    partition_wm = partition_watermarks(summarize_segments(annotated)).localCheckpoint()
+    row_watermarks = reconstruct_watermarks(annotated, partition_wm).localCheckpoint()
+    reports, _ = compare_replicas(row_watermarks, partition_wm)
     found = {(r["partition"], r["replica_a"], r["replica_b"], r["key"]): r.asDict() for r in reports.collect()}
-    return found, [r.asDict() for r in row_watermarks.collect()]
+    return found, [r.asDict() for r in row_watermarks.collect()], [r.asDict() for r in partition_wm.collect()]
 
 
 def covered(end: dict[str, int], history: History, key: str) -> bool:
@@ -231,7 +233,7 @@ def check_live(history: History, found: dict, rows: list[dict]) -> int:
     return checked
 
 
-def check_against_reference(rows: list[dict], found: dict, row_watermarks: list[dict]) -> None:
+def check_against_reference(rows: list[dict], found: dict, row_watermarks: list[dict], partition_wm: list[dict]) -> None:
     expected = {(k[1], k[2], k[3], k[4]): f for k, f in reference_verdicts(rows).items()}
     assert {k: r["verdict"] for k, r in found.items()} == {
         k: f.verdict for k, f in expected.items() if f.verdict != "CONSISTENT"
@@ -250,6 +252,18 @@ def check_against_reference(rows: list[dict], found: dict, row_watermarks: list[
         assert r["applied_lower_bound"] == dump.lower_bounds[r["offset"]]
         assert r["touch_bound"] == dump.touch[r["offset"]]
         assert r["reach"] == dump.reach[r["offset"]]
+    # Each dump's bounds, read off its segments' summary, against the reference's walk over every row.
+    assert sorted((p["replica"], p["topic"], p["partition"]) for p in partition_wm) == sorted(dumps)
+    for p in partition_wm:
+        dump = dumps[(p["replica"], p["topic"], p["partition"])]
+        heartbeats = sorted(dump.resolved_ts)
+        assert (p["first_offset"], p["last_offset"], p["rows"]) == (
+            dump.rows[0]["offset"], dump.rows[-1]["offset"], len(dump.rows)
+        )
+        assert p["starts_with_sop"] == dump.starts_with_sop
+        assert p["pre_history_bound"] == dump.pre_history
+        assert p["end_lower_bound"] == dump.end
+        assert p["resolved_ts_ms"] == (dump.resolved_ts[heartbeats[-1]] if heartbeats else None)
 
 
 @settings(
@@ -260,8 +274,8 @@ def check_against_reference(rows: list[dict], found: dict, row_watermarks: list[
 @given(batch=batches())
 def test_spark_verdicts_are_safe_live_and_equal_to_the_reference(small_runs, batch):
     rows = [row for history in batch for row in history.rows]
-    found, row_watermarks = run_spark(small_runs, rows)
-    check_against_reference(rows, found, row_watermarks)
+    found, row_watermarks, partition_wm = run_spark(small_runs, rows)
+    check_against_reference(rows, found, row_watermarks, partition_wm)
     for history in batch:
         check_safe(history, found)
         check_live(history, found, rows)

@@ -104,6 +104,14 @@ def test_summary_counts_rows_per_kind_and_closes_each_segment(annotated):
     assert rows[4]["resolved_ts_ms"] == 200
 
 
+def test_summary_tells_each_segments_first_kind_and_whether_a_vector_opened_it(annotated):
+    # What the partition watermarks are read from: the dump's first row (segment 0 starts with START_OF_PUSH) and the
+    # first heartbeat carrying a vector (segment 2's opening heartbeat has none).
+    rows = {r["segment"]: r.asDict() for r in summarize_segments(annotated).where(F.col("replica") == A).collect()}
+    assert [rows[s]["first_kind"] for s in range(5)] == ["START_OF_PUSH", "HEARTBEAT", "HEARTBEAT", "HEARTBEAT", "HEARTBEAT"]
+    assert [rows[s]["opening_has_vector"] for s in range(5)] == [False, True, False, True, True]
+
+
 def test_heartbeat_segments_schema_accepts_the_output_and_rejects_a_bad_row(annotated):
     assert [f.name for f in annotated.schema.fields] == [f.name for f in HeartbeatSegments.to_structtype().fields]
     assert validation_errors(HeartbeatSegments, annotated) == []

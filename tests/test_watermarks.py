@@ -6,7 +6,7 @@ import hashlib
 import pytest
 from pyspark.sql import functions as F
 
-from pipelines.segments import annotate_segments
+from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from schemas.validation import validation_errors
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
@@ -16,6 +16,7 @@ from tests.rows import raw_frame
 A = "dc-a"
 B = "dc-b"
 C = "dc-c"
+D = "dc-d"
 
 ROWS = (
     # Starts at the topic's beginning: P = {}.
@@ -46,6 +47,8 @@ ROWS = (
     )
     # Mid-stream without any heartbeat vector: P unknown.
     + stream(C, "t", [put("k", "x", A, 0), heartbeat(A, 1, None)], first_offset=7)
+    # Mid-stream, opened by a heartbeat (no segment 0): P is that heartbeat's vector.
+    + stream(D, "t", [heartbeat(B, 8, {A: 7, B: 8}, origin_ms=50), put("k", "x", A, 9)], first_offset=20)
 )
 
 
@@ -61,11 +64,11 @@ def rows(annotated):
 
 @pytest.fixture(scope="module")
 def partitions(annotated):
-    return {r["replica"]: r.asDict() for r in partition_watermarks(annotated).collect()}
+    return {r["replica"]: r.asDict() for r in partition_watermarks(summarize_segments(annotated)).collect()}
 
 
 def test_one_row_per_data_row_with_its_content_token(rows):
-    assert sorted(rows) == [(A, 1), (A, 2), (A, 4), (A, 5), (B, 10), (B, 13), (C, 7)]
+    assert sorted(rows) == [(A, 1), (A, 2), (A, 4), (A, 5), (B, 10), (B, 13), (C, 7), (D, 21)]
     assert rows[(A, 1)]["value_hash"] == hashlib.sha256(b"x").hexdigest()
     assert rows[(A, 5)]["value_hash"] == "TOMBSTONE"
     assert rows[(A, 5)]["value"] is None
@@ -111,10 +114,24 @@ def test_partition_watermarks_by_hand(partitions):
     assert (a["first_offset"], a["last_offset"], a["starts_with_sop"]) == (0, 6, True)
     assert a["pre_history_bound"] == {} and a["pre_history_known"] is True
     assert a["end_lower_bound"] == {A: 2, B: 2}
-    assert a["resolved_ts_ms"] == 90  # min(latest from a: 100, latest from b: 90)
+    # After the last heartbeat: min(latest from a: 100, latest from b: 90). It went down from 100 after the first
+    # heartbeat, so the highest over the dump would be wrong.
+    assert a["resolved_ts_ms"] == 90
     assert (a["rows"], a["puts"], a["deletes"], a["heartbeats"]) == (7, 3, 1, 2)
     assert partitions[B]["resolved_ts_ms"] == 1_000
     assert partitions[C]["first_offset"] == 7
+    d = partitions[D]
+    assert (d["first_offset"], d["last_offset"], d["starts_with_sop"]) == (20, 21, False)
+    assert d["pre_history_bound"] == {A: 7, B: 8} and d["end_lower_bound"] == {A: 9, B: 8}
+    assert (d["rows"], d["puts"], d["deletes"], d["heartbeats"], d["resolved_ts_ms"]) == (2, 1, 0, 1, 50)
+
+
+def test_a_summary_written_before_first_kind_existed_is_refused(spark, annotated):
+    # Re-materializing the watermarks of a snapshot whose summary an earlier version wrote: the new column reads
+    # null there, and the dump's first row cannot be told. The step must say so rather than guess.
+    old = summarize_segments(annotated).withColumn("first_kind", F.lit(None).cast("string"))
+    with pytest.raises(Exception, match="materialize heartbeat_segments"):
+        partition_watermarks(old).collect()
 
 
 def test_reconstructed_watermarks_schema_accepts_the_output_and_rejects_a_bad_row(annotated):
@@ -125,7 +142,7 @@ def test_reconstructed_watermarks_schema_accepts_the_output_and_rejects_a_bad_ro
 
 
 def test_partition_watermarks_schema_accepts_the_output_and_rejects_a_bad_row(annotated):
-    table = partition_watermarks(annotated)
+    table = partition_watermarks(summarize_segments(annotated))
     assert validation_errors(PartitionWatermarks, table) == []
     bad = table.withColumn("end_lower_bound", F.lit(None).cast("map<string,bigint>"))
     assert any(e.column == "end_lower_bound" for e in validation_errors(PartitionWatermarks, bad))
