@@ -230,3 +230,35 @@ def test_only_string_columns_whose_values_repeat_are_dictionary_encoded(spark, s
         assert not dictionary[name], name
     back = store.read_snapshot(spark, "raw_topic_snapshots", "s1", STRUCT)
     assert sorted(map(tuple, back.collect())) == sorted(map(tuple, df.collect()))
+
+
+def test_a_table_written_by_an_earlier_version_takes_the_new_columns_and_reads_them_null(spark, store):
+    # Upgrading: heartbeat_segment_summary gained first_kind and opening_has_vector. An existing warehouse's table
+    # must take the next audit's write (Delta adds the columns), keep the old snapshot readable, and read its new
+    # columns as null, which the partition watermarks refuse instead of guessing how the dump starts.
+    from pyspark.sql import types as T
+
+    from pipelines.segments import annotate_segments, summarize_segments
+    from pipelines.watermarks import partition_watermarks
+    from schemas.segments import HeartbeatSegmentSummary
+    from tests.reference_leapfrog import heartbeat, put, sop, stream
+
+    new = HeartbeatSegmentSummary.to_structtype()
+    old = T.StructType([f for f in new.fields if f.name not in ("first_kind", "opening_has_vector")])
+    rows = stream("dc-a", "t", [sop(), put("k", "x", "dc-a", 0), heartbeat("dc-a", 1, {"dc-a": 1})])
+
+    def summary(snapshot_id: str):
+        return summarize_segments(annotate_segments(raw_frame(spark, rows, snapshot_id)))
+
+    store.write_snapshot(spark, summary("s1").select(*old.fieldNames()), "heartbeat_segment_summary", "s1", old)
+    store.write_snapshot(spark, summary("s2"), "heartbeat_segment_summary", "s2", new)
+
+    both = store.read_all(spark, "heartbeat_segment_summary", new)
+    assert {(r["snapshot_id"], r["first_kind"]) for r in both.collect()} == {
+        ("s1", None), ("s2", "START_OF_PUSH"), ("s2", "HEARTBEAT")
+    }
+    assert partition_watermarks(store.read_snapshot(spark, "heartbeat_segment_summary", "s2", new)).first()[
+        "starts_with_sop"
+    ] is True
+    with pytest.raises(Exception, match="materialize heartbeat_segments"):
+        partition_watermarks(store.read_snapshot(spark, "heartbeat_segment_summary", "s1", new)).collect()
