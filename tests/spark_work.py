@@ -25,6 +25,9 @@ and every stage that starts is counted, checkpoints included, and on leaving the
     The records every stage of the block read (from sources and from cached or
     checkpointed blocks), shuffled (written and read) and wrote: the same work seen from
     the scheduler, which also covers jobs that run outside SQL (plain RDD operations).
+``jobs``
+    The Spark job ids submitted in the block (a job under adaptive execution may be one
+    shuffle map stage of a query: the count tells whether more actions or stages crept in).
 ``window_frames``
     Every window frame of the executed physical plans that ends at ``unboundedfollowing``
     without starting at ``unboundedpreceding``. Spark evaluates an aggregate over such a
@@ -73,6 +76,7 @@ class Work:
     stage_records: int = 0
     executions: int = 0
     stages: int = 0
+    jobs: int = 0  # job ids submitted (under adaptive execution a shuffle map stage is a job of its own)
     window_frames: list[str] = field(default_factory=list)
 
     @property
@@ -97,6 +101,7 @@ class _Stores:
         self.app = self.context.statusStore()
         self.sql = spark._jsparkSession.sharedState().statusStore()  # noqa: SLF001
         self.gateway = spark.sparkContext._gateway  # noqa: SLF001
+        self.tracker = spark.sparkContext.statusTracker()
 
     def drain(self) -> None:
         """Wait until every listener has seen every event posted so far."""
@@ -120,6 +125,9 @@ class _Stores:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"SQL executions {pending} have no end recorded: still running?")
             time.sleep(0.05)
+
+    def job_ids(self) -> list[int]:
+        return list(self.tracker.getJobIdsForGroup(None))
 
     def stages(self) -> list:
         no_quantiles = self.gateway.new_array(self.gateway.jvm.double, 0)
@@ -157,9 +165,11 @@ def measure_work(spark: SparkSession) -> Iterator[Work]:
     stores.drain()
     last_execution = max((e.executionId() for e in stores.executions()), default=-1)
     last_stage = max((s.stageId() for s in stores.stages()), default=-1)
+    last_job = max(stores.job_ids(), default=-1)
     work = Work()
     yield work
     stores.drain()
+    work.jobs = sum(1 for job in stores.job_ids() if job > last_job)
     executions = stores.finished_executions(last_execution)
     stages = [s for s in stores.stages() if s.stageId() > last_stage]
     _contiguous([e.executionId() for e in executions], last_execution, "SQL executions")

@@ -16,6 +16,7 @@ from pyspark.sql import types as T
 
 from schemas.registry import model_for, struct_for
 from schemas.validation import TableValidation, data_rules, pandera_errors, validation_errors
+from tests.spark_work import measure_work
 
 # Between them: ge (every model), le (heartbeat_segment_summary.heartbeats), isin (kind,
 # anomaly, bound_reason), nullable=False, nullable columns with value checks, map columns.
@@ -228,15 +229,10 @@ def test_nulls_in_a_mistyped_column_are_reported(spark):
 
 
 def _count_work(spark, action) -> tuple[int, int]:
-    """(SQL executions, Spark jobs) that ``action()`` ran, from the JVM's status stores."""
-    listener_bus = spark.sparkContext._jsc.sc().listenerBus()
-    sql_store = spark._jsparkSession.sharedState().statusStore()
-    tracker = spark.sparkContext.statusTracker()
-    listener_bus.waitUntilEmpty()  # the stores are fed asynchronously by the listener bus
-    executions, jobs = sql_store.executionsCount(), len(tracker.getJobIdsForGroup(None))
-    action()
-    listener_bus.waitUntilEmpty()
-    return sql_store.executionsCount() - executions, len(tracker.getJobIdsForGroup(None)) - jobs
+    """(SQL executions, Spark jobs) that ``action()`` ran."""
+    with measure_work(spark) as work:
+        action()
+    return work.executions, work.jobs
 
 
 def test_validation_is_one_aggregation_whatever_the_number_of_rules(spark):
