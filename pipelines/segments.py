@@ -61,7 +61,8 @@ def _resolved_ts(regions: list[str], upto: Window) -> Column:
 def annotate_segments(raw: DataFrame) -> DataFrame:
     """Every version-topic row with its segment, opening heartbeat, baseline, contribution and ``L(p)``."""
     rows = raw.where(F.col("kind") != "EXPORTER_POSITION").withColumn("contribution", contribution())
-    regions = region_universe(rows, region_columns=["source_region"], vector_columns=["contribution"])
+    # Every region a contribution can name: each row's source region and each heartbeat vector's keys.
+    regions = region_universe(rows, region_columns=["source_region"], vector_columns=["hb_vector"])
     upto = _by_offset().rowsBetween(Window.unboundedPreceding, Window.currentRow)
     before = _by_offset().rowsBetween(Window.unboundedPreceding, -1)
     annotated = rows.select(

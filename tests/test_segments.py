@@ -5,6 +5,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from pipelines.segments import annotate_segments, summarize_segments
+from pipelines.vectors import region_universe
 from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
 from schemas.validation import validation_errors
 from tests.reference_leapfrog import delete, heartbeat, put, sop, stream
@@ -124,3 +125,15 @@ def test_segment_summary_schema_accepts_the_output_and_rejects_a_bad_row(annotat
     assert validation_errors(HeartbeatSegmentSummary, summary) == []
     bad = summary.withColumn("heartbeats", F.lit(2).cast("long"))
     assert any(e.column == "heartbeats" for e in validation_errors(HeartbeatSegmentSummary, bad))
+
+
+def test_the_region_universe_holds_every_source_region_and_every_vector_key_once(spark):
+    # What annotate_segments builds one running-max column per: a region named only as a heartbeat vector's key
+    # (dc-z) must be in it, nulls (no region, no vector) must not, and each name once, sorted.
+    frame = spark.createDataFrame(
+        [("dc-b", {"dc-z": 3, "dc-a": 1}), (None, None), ("dc-a", {}), ("dc-b", {"dc-a": 2, "dc-z": 4})],
+        "source_region string, hb_vector map<string,bigint>",
+    )
+    assert region_universe(frame, region_columns=["source_region"], vector_columns=["hb_vector"]) == ["dc-a", "dc-b", "dc-z"]
+    assert region_universe(frame, vector_columns=["hb_vector"]) == ["dc-a", "dc-z"]
+    assert region_universe(frame) == []
