@@ -64,9 +64,9 @@ def region_universe(df: DataFrame, region_columns: Iterable[str] = (), vector_co
     found = df.agg(
         *[F.collect_set(c) for c in region_columns], *[F.collect_set(F.map_keys(c)) for c in vector_columns]
     ).first()
-    names = {name for names in found[: len(region_columns)] for name in names}
+    named = {region for values in found[: len(region_columns)] for region in values}
     keys = {key for key_sets in found[len(region_columns):] for key_set in key_sets for key in key_set}
-    return sorted(names | keys)
+    return sorted(named | keys)
 
 
 def partition_regions(partition_wm: DataFrame) -> list[str]:
