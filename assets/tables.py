@@ -26,7 +26,7 @@ import dagster as dg
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
 from resources.delta_store import DeltaStore, StagedWrite, WriteResult
-from schemas.registry import model_for, struct_for
+from schemas.registry import model_for, required_columns, struct_for
 from schemas.validation import SchemaViolation, TableValidation, dagster_table_schema
 
 if TYPE_CHECKING:
@@ -38,10 +38,15 @@ COUNT_PREFIX = "__count_"  # the step's own ``counts`` among a staged write's me
 
 
 def read_stage(spark: SparkSession, store: DeltaStore, table: str, snapshot_id: str | None) -> DataFrame:
-    """One snapshot of ``table``, or every snapshot when ``snapshot_id`` is None."""
+    """One snapshot of ``table``, or every snapshot when ``snapshot_id`` is None.
+
+    A snapshot written before one of the model's non-nullable columns existed is refused
+    (``OutdatedSnapshot``), naming the table and snapshot to materialize again.
+    """
+    required = required_columns(table)
     if snapshot_id is None:
-        return store.read_all(spark, table, struct_for(table))
-    return store.read_snapshot(spark, table, snapshot_id, struct_for(table))
+        return store.read_all(spark, table, struct_for(table), required)
+    return store.read_snapshot(spark, table, snapshot_id, struct_for(table), required)
 
 
 def first_rows_and_counts(

@@ -31,13 +31,6 @@ def value_token() -> Column:
     return F.when(F.col("kind") == "DELETE", F.lit(TOMBSTONE)).otherwise(F.sha2(F.col("value"), 256))
 
 
-# A summary written before ``first_kind`` existed reads it as null: its partitions' bounds cannot be told.
-OLD_SUMMARY = (
-    "heartbeat_segment_summary was written by an earlier version (no first_kind): materialize heartbeat_segments "
-    "of this snapshot again"
-)
-
-
 def partition_watermarks(summary: DataFrame) -> DataFrame:
     """One row per replica partition: first/last offset, ``P``, ``L(end)``, final resolved timestamp, counts.
 
@@ -49,12 +42,10 @@ def partition_watermarks(summary: DataFrame) -> DataFrame:
     def sum_of(column: str) -> Column:
         return F.sum(column).cast(T.LongType())
 
-    first_kind = F.min_by("first_kind", "segment")
     bounds = summary.groupBy(*PARTITION_KEYS).agg(
         F.min("first_offset").alias("first_offset"),
         F.max("last_offset").alias("last_offset"),
-        (F.when(first_kind.isNull(), F.raise_error(F.lit(OLD_SUMMARY))).otherwise(first_kind) == F.lit("START_OF_PUSH"))
-        .alias("starts_with_sop"),
+        (F.min_by("first_kind", "segment") == F.lit("START_OF_PUSH")).alias("starts_with_sop"),
         # min_by skips rows whose ordering value is null: only segments opened by a vector compete.
         F.min_by("baseline_vector", F.when(F.col("opening_has_vector"), F.col("segment"))).alias("first_hb_vector"),
         F.max_by("closing_watermark", "segment").alias("end_lower_bound"),

@@ -39,6 +39,7 @@ files. Optionally, partitions of many small files are first compacted into fewer
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -255,6 +256,54 @@ def _commit_with_retries(uri: str, commit) -> int:
             time.sleep(random.uniform(0.05, 0.25) * attempt)
     dt.update_incremental()
     return dt.version()
+
+
+class OutdatedSnapshot(RuntimeError):
+    """A snapshot's files lack a column that its table's schema now declares non-nullable."""
+
+
+@functools.lru_cache(maxsize=65_536)
+def _file_columns(uri: str) -> frozenset[str]:
+    """The top-level column names of one data file, from its Parquet footer (a committed file never changes)."""
+    location = Location.of(uri)
+    with location.fs.open_input_file(location.path) as handle:
+        return frozenset(pq.ParquetFile(handle).schema_arrow.names)
+
+
+def _files_by_snapshot(dt, uri: str, snapshot_id: Optional[str]) -> dict[str, list[str]]:
+    """The live data files of ``snapshot_id`` (None: of every snapshot) by snapshot, from the Delta log."""
+    actions = _add_actions(dt)
+    paths = actions.get("path", [])
+    partitions = actions.get(f"partition.{PARTITION_COLUMN}", [None] * len(paths))
+    by_snapshot: dict[str, list[str]] = {}
+    for path, part in zip(paths, partitions):
+        if snapshot_id is None or part == snapshot_id:
+            by_snapshot.setdefault(part, []).append(f"{uri}/{path}")
+    return by_snapshot
+
+
+def refuse_outdated_snapshots(table: str, required: Sequence[str], files: dict[str, list[str]]) -> None:
+    """Raise ``OutdatedSnapshot`` when a file of these snapshots lacks one of the ``required`` (non-nullable) columns.
+
+    Delta adds a new column to a table's schema on the first write that has it; the files
+    of snapshots written before keep their old columns, and every reader (delta-spark and
+    the embedded one alike) returns null for the missing column. For a nullable column that
+    is the designed upgrade path (null: not known). For a column the schema declares
+    non-nullable it would be a value no writer produced, so the snapshot is refused instead,
+    naming the asset to materialize again. The check reads each file's footer once per
+    process (files never change once committed); the data is not read.
+    """
+    required = [name for name in required if name != PARTITION_COLUMN]  # in the path, not in the files
+    if not required:
+        return
+    for snapshot, paths in sorted(files.items()):
+        missing = sorted({name for path in paths for name in required if name not in _file_columns(path)})
+        if missing:
+            raise OutdatedSnapshot(
+                f"{table}: snapshot {snapshot} was written by an earlier version of Replica Lens, without the "
+                f"column(s) {', '.join(missing)} that the table now requires: materialize {table} of snapshot "
+                f"{snapshot} again"
+            )
 
 
 class DeltaStore(dg.ConfigurableResource):
@@ -513,58 +562,58 @@ class DeltaStore(dg.ConfigurableResource):
         return _commit_with_retries(uri, lambda dt: dt.delete(predicate))
 
     # ------------------------------------------------------------------ read
-    def read_snapshot(self, spark: SparkSession, table: str, snapshot_id: str, struct: T.StructType) -> DataFrame:
-        """The rows of ``snapshot_id`` in ``table`` (empty, with ``struct``, when there are none)."""
+    def read_snapshot(
+        self, spark: SparkSession, table: str, snapshot_id: str, struct: T.StructType, required: Sequence[str] = ()
+    ) -> DataFrame:
+        """The rows of ``snapshot_id`` in ``table`` (empty, with ``struct``, when there are none).
+
+        ``required``: the columns the table's schema declares non-nullable. A snapshot whose
+        files lack one (written before the column existed) is refused with ``OutdatedSnapshot``.
+        """
         check_snapshot_id(snapshot_id)
-        return self._read(spark, table, struct, snapshot_id)
+        return self._read(spark, table, struct, snapshot_id, required)
 
-    def read_all(self, spark: SparkSession, table: str, struct: T.StructType) -> DataFrame:
-        """Every snapshot's rows of ``table``."""
-        return self._read(spark, table, struct, None)
+    def read_all(self, spark: SparkSession, table: str, struct: T.StructType, required: Sequence[str] = ()) -> DataFrame:
+        """Every snapshot's rows of ``table`` (``required`` as for ``read_snapshot``)."""
+        return self._read(spark, table, struct, None, required)
 
-    def _read(self, spark: SparkSession, table: str, struct: T.StructType, snapshot_id: Optional[str]) -> DataFrame:
+    def _read(
+        self, spark: SparkSession, table: str, struct: T.StructType, snapshot_id: Optional[str], required: Sequence[str]
+    ) -> DataFrame:
+        from deltalake import DeltaTable
+
         uri = self.table_uri(table)
         columns = [F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields]
         if not self.exists(table):
             return spark.createDataFrame([], struct)
-        if self._engine(spark) == "native":
+        dt = DeltaTable(uri, storage_options=delta_storage_options())
+        features = set(getattr(dt.protocol(), "reader_features", None) or [])
+        native = self._engine(spark) == "native"
+        files = _files_by_snapshot(dt, uri, snapshot_id)
+        if "columnMapping" not in features:  # else a file's column names are not the table's
+            refuse_outdated_snapshots(table, required, files)
+        if native:
             df = spark.read.format("delta").load(uri)
             if snapshot_id is not None:
                 df = df.where(F.col(PARTITION_COLUMN) == snapshot_id)
             return df.select(columns)
-        return self._read_embedded(spark, uri, struct, snapshot_id).select(columns)
-
-    def _read_embedded(
-        self, spark: SparkSession, uri: str, struct: T.StructType, snapshot_id: Optional[str]
-    ) -> DataFrame:
-        from deltalake import DeltaTable
-
-        dt = DeltaTable(uri, storage_options=delta_storage_options())
-        features = set(getattr(dt.protocol(), "reader_features", None) or [])
         unsupported = features & {"deletionVectors", "columnMapping"}
         if unsupported:
             raise RuntimeError(
                 f"{uri} uses Delta features {sorted(unsupported)} that the embedded reader does not "
                 "support: read it with delta-spark (set REPLICA_LENS_DELTA_JARS)"
             )
-        actions = _add_actions(dt)
-        paths = actions.get("path", [])
-        partitions = actions.get(f"partition.{PARTITION_COLUMN}", [None] * len(paths))
-        by_snapshot: dict[str, list[str]] = {}
-        for path, part in zip(paths, partitions):
-            if snapshot_id is None or part == snapshot_id:
-                by_snapshot.setdefault(part, []).append(f"{uri}/{path}")
         data_struct = _without_partition(struct)
         frames = [
-            spark.read.schema(data_struct).parquet(*files).withColumn(PARTITION_COLUMN, F.lit(part))
-            for part, files in sorted(by_snapshot.items())
+            spark.read.schema(data_struct).parquet(*paths).withColumn(PARTITION_COLUMN, F.lit(part))
+            for part, paths in sorted(files.items())
         ]
         if not frames:
             return spark.createDataFrame([], struct)
         result = frames[0]
         for frame in frames[1:]:
             result = result.unionByName(frame)
-        return result
+        return result.select(columns)
 
     def snapshot_ids(self, table: str) -> list[str]:
         """The snapshots present in ``table`` (from the Delta log alone)."""

@@ -1,6 +1,8 @@
 """Table name -> pandera model: the one lookup every asset, check and reader uses."""
 from __future__ import annotations
 
+import functools
+
 import pandera.pyspark as pa
 from pyspark.sql import types as T
 
@@ -51,6 +53,12 @@ def model_for(table: str) -> type[pa.DataFrameModel]:
 
 def struct_for(table: str) -> T.StructType:
     return model_for(table).to_structtype()
+
+
+@functools.lru_cache(maxsize=None)
+def required_columns(table: str) -> tuple[str, ...]:
+    """The columns ``table``'s model declares non-nullable (``to_structtype`` marks every field nullable)."""
+    return tuple(name for name, column in model_for(table).to_schema().columns.items() if not column.nullable)
 
 
 def tables() -> list[str]:

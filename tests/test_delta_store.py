@@ -232,17 +232,23 @@ def test_only_string_columns_whose_values_repeat_are_dictionary_encoded(spark, s
     assert sorted(map(tuple, back.collect())) == sorted(map(tuple, df.collect()))
 
 
-def test_a_table_written_by_an_earlier_version_takes_the_new_columns_and_reads_them_null(spark, store):
-    # Upgrading: heartbeat_segment_summary gained first_kind and opening_has_vector. An existing warehouse's table
-    # must take the next audit's write (Delta adds the columns), keep the old snapshot readable, and read its new
-    # columns as null, which the partition watermarks refuse instead of guessing how the dump starts.
+def test_a_snapshot_written_before_a_required_column_existed_is_refused_by_name(spark, store):
+    # Upgrading: heartbeat_segment_summary gained first_kind (required) and opening_has_vector. An existing
+    # warehouse's table must take the next audit's write (Delta adds the columns) and keep the new snapshot
+    # readable. The old snapshot's files lack the required columns: every reader would return null there, a value
+    # no writer produced, so reading it (alone or with the others) is refused, naming the table and snapshot to
+    # materialize again. Reading through read_stage, as every asset does, catches a reader that forgets the
+    # model's required columns.
     from pyspark.sql import types as T
 
+    from assets.tables import read_stage
     from pipelines.segments import annotate_segments, summarize_segments
     from pipelines.watermarks import partition_watermarks
+    from resources.delta_store import OutdatedSnapshot
     from schemas.segments import HeartbeatSegmentSummary
     from tests.reference_leapfrog import heartbeat, put, sop, stream
 
+    table = "heartbeat_segment_summary"
     new = HeartbeatSegmentSummary.to_structtype()
     old = T.StructType([f for f in new.fields if f.name not in ("first_kind", "opening_has_vector")])
     rows = stream("dc-a", "t", [sop(), put("k", "x", "dc-a", 0), heartbeat("dc-a", 1, {"dc-a": 1})])
@@ -250,15 +256,15 @@ def test_a_table_written_by_an_earlier_version_takes_the_new_columns_and_reads_t
     def summary(snapshot_id: str):
         return summarize_segments(annotate_segments(raw_frame(spark, rows, snapshot_id)))
 
-    store.write_snapshot(spark, summary("s1").select(*old.fieldNames()), "heartbeat_segment_summary", "s1", old)
-    store.write_snapshot(spark, summary("s2"), "heartbeat_segment_summary", "s2", new)
+    store.write_snapshot(spark, summary("s1").select(*old.fieldNames()), table, "s1", old)
+    store.write_snapshot(spark, summary("s2"), table, "s2", new)
 
-    both = store.read_all(spark, "heartbeat_segment_summary", new)
-    assert {(r["snapshot_id"], r["first_kind"]) for r in both.collect()} == {
+    assert partition_watermarks(read_stage(spark, store, table, "s2")).first()["starts_with_sop"] is True
+    for snapshot_id in ("s1", None):
+        with pytest.raises(OutdatedSnapshot, match=r"snapshot s1 .*first_kind, opening_has_vector.*materialize "
+                                                   r"heartbeat_segment_summary of snapshot s1 again"):
+            read_stage(spark, store, table, snapshot_id)
+    # Without required columns (a nullable addition) the old snapshot reads, its new columns null.
+    assert {(r["snapshot_id"], r["first_kind"]) for r in store.read_all(spark, table, new).collect()} == {
         ("s1", None), ("s2", "START_OF_PUSH"), ("s2", "HEARTBEAT")
     }
-    assert partition_watermarks(store.read_snapshot(spark, "heartbeat_segment_summary", "s2", new)).first()[
-        "starts_with_sop"
-    ] is True
-    with pytest.raises(Exception, match="materialize heartbeat_segments"):
-        partition_watermarks(store.read_snapshot(spark, "heartbeat_segment_summary", "s1", new)).collect()

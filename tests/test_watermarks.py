@@ -126,14 +126,6 @@ def test_partition_watermarks_by_hand(partitions):
     assert (d["rows"], d["puts"], d["deletes"], d["heartbeats"], d["resolved_ts_ms"]) == (2, 1, 0, 1, 50)
 
 
-def test_a_summary_written_before_first_kind_existed_is_refused(spark, annotated):
-    # Re-materializing the watermarks of a snapshot whose summary an earlier version wrote: the new column reads
-    # null there, and the dump's first row cannot be told. The step must say so rather than guess.
-    old = summarize_segments(annotated).withColumn("first_kind", F.lit(None).cast("string"))
-    with pytest.raises(Exception, match="materialize heartbeat_segments"):
-        partition_watermarks(old).collect()
-
-
 def test_reconstructed_watermarks_schema_accepts_the_output_and_rejects_a_bad_row(annotated):
     table = reconstruct_watermarks(annotated)
     assert validation_errors(ReconstructedWatermarks, table) == []
