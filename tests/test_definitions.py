@@ -288,3 +288,45 @@ def test_python_batches_stay_bounded_by_rows_without_the_per_row_byte_check(spar
 
     seen = [r["rows"] for r in spark.range(0, 2 * limit + 5, 1, numPartitions=1).mapInArrow(sizes, "rows long").collect()]
     assert sum(seen) == 2 * limit + 5 and max(seen) <= limit, seen
+
+
+def test_local_python_workers_import_pyspark_from_the_installed_package_not_from_sparks_zips(spark):
+    # Catches: the local session not naming resources.pyspark_daemon (every worker process then compiles
+    # PySpark from source out of pyspark.zip, about 0.6 s of CPU each), or the daemon module leaving the zips
+    # first on the workers' path. The worker reports where it imported PySpark from and whether any zip is left.
+    import pyarrow as pa
+
+    from resources.session import LOCAL_PYTHON_DAEMON, PYTHON_DAEMON_MODULE
+
+    assert spark.sparkContext.getConf().get(PYTHON_DAEMON_MODULE) == LOCAL_PYTHON_DAEMON
+
+    def where(batches):
+        import sys
+
+        import pyspark
+
+        for _ in batches:
+            zips = [e for e in sys.path if e.endswith(".zip") and "/pyspark/" in e]
+            yield pa.RecordBatch.from_pydict({"pyspark": [pyspark.__file__], "zips": [",".join(zips)]})
+
+    row = spark.range(1).mapInArrow(where, "pyspark string, zips string").first()
+    assert ".zip" not in row["pyspark"] and row["zips"] == "", row
+
+
+def test_the_worker_daemon_drops_only_the_zips_inside_the_installed_pyspark(tmp_path):
+    # Catches: dropping the zips of a separate Spark distribution (maybe another version than the installed
+    # package, which must not replace them), or keeping pip's own zips.
+    import os
+
+    import pyspark
+
+    from resources.pyspark_daemon import zips_inside_installed_pyspark
+
+    package = os.path.dirname(pyspark.__file__)
+    site = os.path.dirname(package)
+    own = [os.path.join(package, "python", "lib", "pyspark.zip"), os.path.join(package, "python", "lib", "py4j-src.zip")]
+    assert zips_inside_installed_pyspark([*own, "/elsewhere", site]) == own
+    other = [str(tmp_path / "spark" / "python" / "lib" / "pyspark.zip"), own[1]]
+    assert zips_inside_installed_pyspark([*other, site]) == []
+    assert zips_inside_installed_pyspark([*own, str(tmp_path)]) == []  # no PySpark found beside the zips
+    assert zips_inside_installed_pyspark([site, "/x/other.zip"]) == []
