@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import sys
 import threading
 from contextlib import contextmanager
@@ -43,6 +44,15 @@ def delta_jars(delta_jars_dir: Optional[str]) -> list[str]:
     found = sorted(glob.glob(os.path.join(delta_jars_dir, "*.jar")))
     has_spark = any(os.path.basename(j).startswith("delta-spark") for j in found)
     return found if has_spark else []
+
+
+def workers_run_this_interpreter(extra: Optional[dict[str, str]] = None) -> bool:
+    """Whether Spark's Python workers will run this process's interpreter (``spark.pyspark.python``, else
+    ``PYSPARK_PYTHON``, else this one). Paths are compared as given, not resolved: two virtual
+    environments' ``python`` links lead to the same binary but not to the same packages."""
+    chosen = (extra or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") or sys.executable
+    found = shutil.which(chosen) or chosen
+    return os.path.abspath(found) == os.path.abspath(sys.executable)
 
 
 def spark_config(
@@ -92,11 +102,12 @@ def spark_config(
         # alternating: 8.3-10.3 s -> 7.6-8.3 s.
         ARROW_MAX_BYTES_PER_BATCH: NO_BYTE_BOUND,
     }
-    if master.startswith("local"):
+    if master.startswith("local") and workers_run_this_interpreter(extra):
         # The Python workers import PySpark from the installed package (cached bytecode), not
-        # from Spark's zips (compiled from source in every worker process): about 1.8 s of CPU
-        # less in a small audit (resources/pyspark_daemon.py). Local mode only: a cluster's
-        # executors need not have this project installed.
+        # from Spark's zips (compiled from source in every worker process): about 1.1 s of CPU
+        # less in a small audit (resources/pyspark_daemon.py). Local mode only, and only when
+        # the workers run this interpreter (which has the project): a cluster's executors, or
+        # another Python the user chose for the workers, need not have it.
         conf[PYTHON_DAEMON_MODULE] = LOCAL_PYTHON_DAEMON
     for option in JAVA_OPTION_KEYS:
         conf[option] = java_options((extra or {}).get(option, ""), driver=option == JAVA_OPTION_KEYS[0])

@@ -330,3 +330,20 @@ def test_the_worker_daemon_drops_only_the_zips_inside_the_installed_pyspark(tmp_
     assert zips_inside_installed_pyspark([*other, site]) == []
     assert zips_inside_installed_pyspark([*own, str(tmp_path)]) == []  # no PySpark found beside the zips
     assert zips_inside_installed_pyspark([site, "/x/other.zip"]) == []
+
+
+def test_the_worker_daemon_is_named_only_for_local_workers_that_run_this_interpreter(monkeypatch):
+    # Catches: naming resources.pyspark_daemon on a cluster (its executors need not have the project) or for
+    # workers the user pointed at another Python (which may lack it): every Python task would then fail to start.
+    import sys
+
+    from resources.session import LOCAL_PYTHON_DAEMON, PYTHON_DAEMON_MODULE, spark_config
+
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    assert spark_config(master="local[2]")[PYTHON_DAEMON_MODULE] == LOCAL_PYTHON_DAEMON
+    assert PYTHON_DAEMON_MODULE not in spark_config(master="spark://127.0.0.1:7077")
+    assert PYTHON_DAEMON_MODULE not in spark_config(master="local[2]", extra={"spark.pyspark.python": "/usr/bin/python3"})
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
+    assert PYTHON_DAEMON_MODULE not in spark_config(master="local[2]")
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    assert spark_config(master="local[*]")[PYTHON_DAEMON_MODULE] == LOCAL_PYTHON_DAEMON
