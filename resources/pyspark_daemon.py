@@ -4,15 +4,17 @@ Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` and py4j's zip first on its Py
 workers' ``PYTHONPATH``. Python cannot cache compiled bytecode inside a zip, so the daemon,
 and every worker it forks, compiled the PySpark modules it imports from source, every time:
 ``python -c "import pyspark.worker, pyspark.daemon"`` takes 0.60-0.68 s of CPU from the
-zips and 0.13 s from the installed package. A small audit paid about 1.8 s of CPU for it
-(a py-spy profile of its Python processes), partly on its longest chain of steps: the
-Leap Frog comparison waits for its first worker.
+zips and 0.13 s from the installed package. A py-spy profile of a small audit's Python
+processes found 1.8 s of samples compiling in ``zipimport``; with this module its workers
+took about 1.1 s of CPU less, partly on the audit's longest chain of steps (the Leap Frog
+comparison waits for its first worker).
 
 With PySpark from pip, ``SPARK_HOME`` is the installed package's folder and the zips lie
 inside it: the same code is importable from the package, with its cached bytecode. This
 module runs as ``python -m resources.pyspark_daemon pyspark.worker`` (Spark's
-``spark.python.daemon.module``, set by ``resources/session.py`` in local mode only: on a
-cluster the executors need not have this project installed). It drops the zips from
+``spark.python.daemon.module``, set by ``resources/session.py`` only in local mode and when
+the workers run the session's own interpreter: a cluster's executors, or another Python
+chosen for the workers, need not have this project installed). It drops the zips from
 ``sys.path`` when they belong to the PySpark package the rest of the path finds, then runs
 PySpark's own daemon unchanged. With a separate Spark distribution the zips are not inside
 that package, and the path is left as it is.
