@@ -114,9 +114,9 @@ def chains(spark, dumps, tmp_path_factory) -> Chains:
     calls: list[tuple[str, str]] = []
     original = DeltaStore.read_snapshot
 
-    def spied(self, spark, table, snapshot_id, struct):
+    def spied(self, spark, table, snapshot_id, struct, required=()):
         calls.append((table, snapshot_id))
-        return original(self, spark, table, snapshot_id, struct)
+        return original(self, spark, table, snapshot_id, struct, required)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DeltaStore, "read_snapshot", spied)
