@@ -270,39 +270,79 @@ def _file_columns(uri: str) -> frozenset[str]:
         return frozenset(pq.ParquetFile(handle).schema_arrow.names)
 
 
-def _files_by_snapshot(dt, uri: str, snapshot_id: Optional[str]) -> dict[str, list[str]]:
+@dataclass(frozen=True)
+class LiveFile:
+    """One data file of a table's current version, as the Delta log describes it."""
+
+    uri: str
+    null_counts: dict[str, Optional[int]]  # column -> the log's nullCount (None: not recorded for it)
+
+    def nulls(self, column: str) -> Optional[int]:
+        return self.null_counts.get(column)
+
+
+def _files_by_snapshot(dt, uri: str, snapshot_id: Optional[str]) -> dict[str, list[LiveFile]]:
     """The live data files of ``snapshot_id`` (None: of every snapshot) by snapshot, from the Delta log."""
     actions = _add_actions(dt)
     paths = actions.get("path", [])
     partitions = actions.get(f"partition.{PARTITION_COLUMN}", [None] * len(paths))
-    by_snapshot: dict[str, list[str]] = {}
-    for path, part in zip(paths, partitions):
+    counted = {key[len("null_count."):]: values for key, values in actions.items() if key.startswith("null_count.")}
+    by_snapshot: dict[str, list[LiveFile]] = {}
+    for i, (path, part) in enumerate(zip(paths, partitions)):
         if snapshot_id is None or part == snapshot_id:
-            by_snapshot.setdefault(part, []).append(f"{uri}/{path}")
+            nulls = {column: values[i] for column, values in counted.items()}
+            by_snapshot.setdefault(part, []).append(LiveFile(f"{uri}/{path}", nulls))
     return by_snapshot
 
 
-def refuse_outdated_snapshots(table: str, required: Sequence[str], files: dict[str, list[str]]) -> None:
-    """Raise ``OutdatedSnapshot`` when a file of these snapshots lacks one of the ``required`` (non-nullable) columns.
+def _absent_columns(files: Sequence[LiveFile], columns: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Of ``columns``: those some file lacks (its footer), and those some file holds only as padding (the log).
+
+    A column the log counts nulls for is in the file: no footer is read for it. A column
+    without a count (a map or struct, a writer that left statistics out, a file written
+    before the column existed) is looked up in the file's footer.
+    """
+    missing, padded = set(), set()
+    for file in files:
+        for name in columns:
+            nulls = file.nulls(name)
+            if nulls is None:
+                if name not in _file_columns(file.uri):
+                    missing.add(name)
+            elif nulls > 0:
+                padded.add(name)
+    return sorted(missing), sorted(padded)
+
+
+def refuse_outdated_snapshots(table: str, required: Sequence[str], files: dict[str, list[LiveFile]]) -> None:
+    """Raise ``OutdatedSnapshot`` when a file of these snapshots has no value in a ``required`` (non-nullable) column.
 
     Delta adds a new column to a table's schema on the first write that has it; the files
     of snapshots written before keep their old columns, and every reader (delta-spark and
     the embedded one alike) returns null for the missing column. For a nullable column that
     is the designed upgrade path (null: not known). For a column the schema declares
     non-nullable it would be a value no writer produced, so the snapshot is refused instead,
-    naming the asset to materialize again. The check reads each file's footer once per
-    process (files never change once committed); the data is not read.
+    naming the asset to materialize again.
+
+    Two signs, neither of which reads the data: a file whose Parquet footer lacks the
+    column (read once per process: files never change once committed), and a file whose
+    Delta log entry counts nulls in it. Every write is validated against the model, so a
+    null there was never written: it is what a compaction after the upgrade leaves
+    (delta-rs and delta-spark rewrite an older snapshot's files with the table's current
+    columns, padded with nulls). The log answers for the columns it has statistics for,
+    so footers are read only for the others (maps, structs).
     """
     required = [name for name in required if name != PARTITION_COLUMN]  # in the path, not in the files
     if not required:
         return
-    for snapshot, paths in sorted(files.items()):
-        missing = sorted({name for path in paths for name in required if name not in _file_columns(path)})
-        if missing:
+    for snapshot, snapshot_files in sorted(files.items()):
+        missing, padded = _absent_columns(snapshot_files, required)
+        if missing or padded:
             raise OutdatedSnapshot(
                 f"{table}: snapshot {snapshot} was written by an earlier version of Replica Lens, without the "
-                f"column(s) {', '.join(missing)} that the table now requires: materialize {table} of snapshot "
-                f"{snapshot} again"
+                f"column(s) {', '.join(sorted({*missing, *padded}))} that the table now requires"
+                + (f" (its files hold {', '.join(padded)} as nulls: compacted after the upgrade)" if padded else "")
+                + f": materialize {table} of snapshot {snapshot} again"
             )
 
 
@@ -605,8 +645,10 @@ class DeltaStore(dg.ConfigurableResource):
             )
         data_struct = _without_partition(struct)
         frames = [
-            spark.read.schema(data_struct).parquet(*paths).withColumn(PARTITION_COLUMN, F.lit(part))
-            for part, paths in sorted(files.items())
+            spark.read.schema(data_struct)
+            .parquet(*(file.uri for file in part_files))
+            .withColumn(PARTITION_COLUMN, F.lit(part))
+            for part, part_files in sorted(files.items())
         ]
         if not frames:
             return spark.createDataFrame([], struct)
@@ -708,8 +750,21 @@ class DeltaStore(dg.ConfigurableResource):
                     actions.get("size_bytes", []),
                 )
             )
+            by_snapshot = _files_by_snapshot(dt, uri, None)
+            columns = [f.name for f in dt.schema().fields if f.name != PARTITION_COLUMN]
             for partition in partitions_to_compact(live, target_bytes):
                 small = sum(1 for p, size in live if p == partition and size < target_bytes // 2)
+                # A compaction writes the table's current columns, padding those an older
+                # snapshot's files lack with nulls; reads could no longer tell that the
+                # snapshot predates them (see refuse_outdated_snapshots). Such a snapshot is
+                # left as it is until it is materialized again.
+                missing, _ = _absent_columns(by_snapshot.get(partition, []), columns)
+                if missing:
+                    notes.append(
+                        f"compaction of {partition} skipped (written before column(s) {', '.join(missing)}: "
+                        f"materialize {table} of snapshot {partition} again first)"
+                    )
+                    continue
                 if dry_run:
                     compacted.append(partition)
                     files_compacted += small

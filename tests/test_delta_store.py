@@ -232,6 +232,47 @@ def test_only_string_columns_whose_values_repeat_are_dictionary_encoded(spark, s
     assert sorted(map(tuple, back.collect())) == sorted(map(tuple, df.collect()))
 
 
+SUMMARY = "heartbeat_segment_summary"
+ADDED = ("first_kind", "opening_has_vector")  # required columns the summary gained in an upgrade
+
+
+def _upgraded_summary(spark, store: DeltaStore) -> None:
+    """heartbeat_segment_summary as an upgrade leaves it: snapshot s1 written before the ADDED columns (in two
+    files, one per row), s2 after; Delta adds the columns to the table's schema on s2's write."""
+    from pyspark.sql import types as T
+
+    from pipelines.segments import annotate_segments, summarize_segments
+    from schemas.segments import HeartbeatSegmentSummary
+    from tests.reference_leapfrog import heartbeat, put, sop, stream
+
+    new = HeartbeatSegmentSummary.to_structtype()
+    old = T.StructType([f for f in new.fields if f.name not in ADDED])
+    rows = stream("dc-a", "t", [sop(), put("k", "x", "dc-a", 0), heartbeat("dc-a", 1, {"dc-a": 1})])
+
+    def summary(snapshot_id: str):
+        return summarize_segments(annotate_segments(raw_frame(spark, rows, snapshot_id))).coalesce(1)
+
+    key = "spark.sql.files.maxRecordsPerFile"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "1")
+    try:
+        store.write_snapshot(spark, summary("s1").select(*old.fieldNames()), SUMMARY, "s1", old)
+    finally:
+        spark.conf.set(key, before)
+    store.write_snapshot(spark, summary("s2"), SUMMARY, "s2", new)
+
+
+def _refused(extra: str = ""):
+    """pytest.raises for the refusal of snapshot s1 (``extra``: a regex of what follows the columns)."""
+    from resources.delta_store import OutdatedSnapshot
+
+    return pytest.raises(
+        OutdatedSnapshot,
+        match=rf"snapshot s1 .*first_kind, opening_has_vector that the table now requires{extra}: materialize "
+              rf"{SUMMARY} of snapshot s1 again",
+    )
+
+
 def test_a_snapshot_written_before_a_required_column_existed_is_refused_by_name(spark, store):
     # Upgrading: heartbeat_segment_summary gained first_kind (required) and opening_has_vector. An existing
     # warehouse's table must take the next audit's write (Delta adds the columns) and keep the new snapshot
@@ -239,32 +280,46 @@ def test_a_snapshot_written_before_a_required_column_existed_is_refused_by_name(
     # no writer produced, so reading it (alone or with the others) is refused, naming the table and snapshot to
     # materialize again. Reading through read_stage, as every asset does, catches a reader that forgets the
     # model's required columns.
-    from pyspark.sql import types as T
-
     from assets.tables import read_stage
-    from pipelines.segments import annotate_segments, summarize_segments
     from pipelines.watermarks import partition_watermarks
-    from resources.delta_store import OutdatedSnapshot
     from schemas.segments import HeartbeatSegmentSummary
-    from tests.reference_leapfrog import heartbeat, put, sop, stream
 
-    table = "heartbeat_segment_summary"
-    new = HeartbeatSegmentSummary.to_structtype()
-    old = T.StructType([f for f in new.fields if f.name not in ("first_kind", "opening_has_vector")])
-    rows = stream("dc-a", "t", [sop(), put("k", "x", "dc-a", 0), heartbeat("dc-a", 1, {"dc-a": 1})])
-
-    def summary(snapshot_id: str):
-        return summarize_segments(annotate_segments(raw_frame(spark, rows, snapshot_id)))
-
-    store.write_snapshot(spark, summary("s1").select(*old.fieldNames()), table, "s1", old)
-    store.write_snapshot(spark, summary("s2"), table, "s2", new)
-
-    assert partition_watermarks(read_stage(spark, store, table, "s2")).first()["starts_with_sop"] is True
+    _upgraded_summary(spark, store)
+    assert partition_watermarks(read_stage(spark, store, SUMMARY, "s2")).first()["starts_with_sop"] is True
     for snapshot_id in ("s1", None):
-        with pytest.raises(OutdatedSnapshot, match=r"snapshot s1 .*first_kind, opening_has_vector.*materialize "
-                                                   r"heartbeat_segment_summary of snapshot s1 again"):
-            read_stage(spark, store, table, snapshot_id)
+        with _refused():
+            read_stage(spark, store, SUMMARY, snapshot_id)
     # Without required columns (a nullable addition) the old snapshot reads, its new columns null.
-    assert {(r["snapshot_id"], r["first_kind"]) for r in store.read_all(spark, table, new).collect()} == {
+    new = HeartbeatSegmentSummary.to_structtype()
+    assert {(r["snapshot_id"], r["first_kind"]) for r in store.read_all(spark, SUMMARY, new).collect()} == {
         ("s1", None), ("s2", "START_OF_PUSH"), ("s2", "HEARTBEAT")
     }
+
+
+def test_an_older_snapshot_is_not_compacted_and_is_refused_when_another_tool_compacted_it(spark, store):
+    # A compaction rewrites a snapshot's files with the table's current columns, padding those the snapshot never
+    # had with nulls: its footers then hold the required columns and only the nulls tell. Catches: our own
+    # vacuum --compact padding an older snapshot (the check could no longer see it for map columns, whose nulls
+    # the Delta log does not count), and a read that trusts the footers of a snapshot compacted by another tool
+    # (delta-rs, delta-spark OPTIMIZE) although the log counts nulls in a required column.
+    from assets.tables import read_stage
+
+    _upgraded_summary(spark, store)
+    uri = store.table_uri(SUMMARY)
+
+    def s1_files() -> int:
+        return pa.table(DeltaTable(uri).get_add_actions(flatten=True))["partition.snapshot_id"].to_pylist().count("s1")
+
+    assert s1_files() == 2
+    for dry_run in (True, False):
+        (result,) = store.vacuum(compact=True, dry_run=dry_run, tables=[SUMMARY])
+        assert result.compacted == () and s1_files() == 2
+        assert (
+            f"compaction of s1 skipped (written before column(s) {', '.join(sorted(ADDED))}: "
+            f"materialize {SUMMARY} of snapshot s1 again first)" in result.note
+        )
+
+    DeltaTable(uri).optimize.compact(partition_filters=[("snapshot_id", "=", "s1")])  # another tool's OPTIMIZE
+    assert s1_files() == 1
+    with _refused(r" \(its files hold first_kind, opening_has_vector as nulls: compacted after the upgrade\)"):
+        read_stage(spark, store, SUMMARY, "s1")
