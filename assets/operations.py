@@ -36,7 +36,8 @@ class AnomalyConfig(dg.Config):
     name="stream_anomalies",
     group_name=GROUP,
     kinds=KINDS,
-    deps=["raw_topic_snapshots"],
+    # The segments: DATA_BEYOND_HEARTBEAT finds each data row's judge by its segment (pipelines/anomalies.py).
+    deps=["raw_topic_snapshots", "heartbeat_segments", "heartbeat_segment_summary"],
     partitions_def=snapshot_partitions,
     check_specs=[schema_check_spec("stream_anomalies")],
     description="Rows where a version-topic stream misbehaves, with the anomaly and its position (SPEC 5).",
@@ -48,7 +49,12 @@ def stream_anomalies(
     session = spark.spark_session
     with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
         bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
-        anomalies = find_stream_anomalies(read_stage(session, store, "raw_topic_snapshots", snapshot_id), bounds)
+        anomalies = find_stream_anomalies(
+            read_stage(session, store, "raw_topic_snapshots", snapshot_id),
+            bounds,
+            segments=read_stage(session, store, "heartbeat_segments", snapshot_id),
+            summary=read_stage(session, store, "heartbeat_segment_summary", snapshot_id),
+        )
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
         # Rows per anomaly, counted by the job that writes them.
         tables.stage(anomalies, "stream_anomalies", counts={a: F.count_if(F.col("anomaly") == a) for a in ANOMALIES})
