@@ -236,6 +236,11 @@ def _add_actions(dt) -> dict[str, list]:
     return pa.table(dt.get_add_actions(flatten=True)).to_pydict()
 
 
+def _reader_features(dt) -> set[str]:
+    """The Delta reader features a delta-rs table uses (e.g. ``columnMapping``, ``deletionVectors``)."""
+    return set(getattr(dt.protocol(), "reader_features", None) or [])
+
+
 def _commit_with_retries(uri: str, commit) -> int:
     """Run ``commit(DeltaTable)`` with delta-rs; one that lost a race is retried on the fresh table. The new version.
 
@@ -627,7 +632,7 @@ class DeltaStore(dg.ConfigurableResource):
         if not self.exists(table):
             return spark.createDataFrame([], struct)
         dt = DeltaTable(uri, storage_options=delta_storage_options())
-        features = set(getattr(dt.protocol(), "reader_features", None) or [])
+        features = _reader_features(dt)
         native = self._engine(spark) == "native"
         files = _files_by_snapshot(dt, uri, snapshot_id)
         if "columnMapping" not in features:  # else a file's column names are not the table's
@@ -752,13 +757,15 @@ class DeltaStore(dg.ConfigurableResource):
             )
             by_snapshot = _files_by_snapshot(dt, uri, None)
             columns = [f.name for f in dt.schema().fields if f.name != PARTITION_COLUMN]
+            # With column mapping a file's column names are not the table's: no footer tells (as for reads).
+            mapped = "columnMapping" in _reader_features(dt)
             for partition in partitions_to_compact(live, target_bytes):
                 small = sum(1 for p, size in live if p == partition and size < target_bytes // 2)
                 # A compaction writes the table's current columns, padding those an older
                 # snapshot's files lack with nulls; reads could no longer tell that the
                 # snapshot predates them (see refuse_outdated_snapshots). Such a snapshot is
                 # left as it is until it is materialized again.
-                missing, _ = _absent_columns(by_snapshot.get(partition, []), columns)
+                missing, _ = ([], []) if mapped else _absent_columns(by_snapshot.get(partition, []), columns)
                 if missing:
                     notes.append(
                         f"compaction of {partition} skipped (written before column(s) {', '.join(missing)}: "
