@@ -349,11 +349,13 @@ def find_stream_anomalies(
     """Every stream anomaly of SPEC section 5 in ``raw`` (rows shaped like raw_topic_snapshots).
 
     ``segments`` and ``summary``: the same rows' ``heartbeat_segments`` and
-    ``heartbeat_segment_summary``, which DATA_BEYOND_HEARTBEAT reads its judges from; when
-    not given they are computed from ``raw`` (``pipelines.segments``).
+    ``heartbeat_segment_summary``, which DATA_BEYOND_HEARTBEAT reads its judges from; what
+    is not given is computed (``pipelines.segments``: the segments from ``raw``, the summary
+    from the segments).
     """
-    if segments is None or summary is None:
+    if segments is None:
         segments = annotate_segments(raw)
+    if summary is None:
         summary = summarize_segments(segments)
     vt = raw.where(F.col("offset").isNotNull() & (F.col("kind") != "EXPORTER_POSITION"))
     parts = [

@@ -280,15 +280,11 @@ class LiveFile:
     """One data file of a table's current version, as the Delta log describes it."""
 
     uri: str
-    null_counts: dict[str, Optional[int]]  # column -> the log's nullCount (None: not recorded for it)
-
-    def nulls(self, column: str) -> Optional[int]:
-        return self.null_counts.get(column)
+    null_counts: dict[str, Optional[int]]  # column -> the log's nullCount (absent or None: not recorded for it)
 
 
-def _files_by_snapshot(dt, uri: str, snapshot_id: Optional[str]) -> dict[str, list[LiveFile]]:
-    """The live data files of ``snapshot_id`` (None: of every snapshot) by snapshot, from the Delta log."""
-    actions = _add_actions(dt)
+def _files_by_snapshot(actions: dict[str, list], uri: str, snapshot_id: Optional[str]) -> dict[str, list[LiveFile]]:
+    """The live data files of ``snapshot_id`` (None: of every snapshot) by snapshot, from the log's ``_add_actions``."""
     paths = actions.get("path", [])
     partitions = actions.get(f"partition.{PARTITION_COLUMN}", [None] * len(paths))
     counted = {key[len("null_count."):]: values for key, values in actions.items() if key.startswith("null_count.")}
@@ -310,7 +306,7 @@ def _absent_columns(files: Sequence[LiveFile], columns: Sequence[str]) -> tuple[
     missing, padded = set(), set()
     for file in files:
         for name in columns:
-            nulls = file.nulls(name)
+            nulls = file.null_counts.get(name)
             if nulls is None:
                 if name not in _file_columns(file.uri):
                     missing.add(name)
@@ -634,7 +630,7 @@ class DeltaStore(dg.ConfigurableResource):
         dt = DeltaTable(uri, storage_options=delta_storage_options())
         features = _reader_features(dt)
         native = self._engine(spark) == "native"
-        files = _files_by_snapshot(dt, uri, snapshot_id)
+        files = _files_by_snapshot(_add_actions(dt), uri, snapshot_id)
         if "columnMapping" not in features:  # else a file's column names are not the table's
             refuse_outdated_snapshots(table, required, files)
         if native:
@@ -755,7 +751,7 @@ class DeltaStore(dg.ConfigurableResource):
                     actions.get("size_bytes", []),
                 )
             )
-            by_snapshot = _files_by_snapshot(dt, uri, None)
+            by_snapshot = _files_by_snapshot(actions, uri, None)
             columns = [f.name for f in dt.schema().fields if f.name != PARTITION_COLUMN]
             # With column mapping a file's column names are not the table's: no footer tells (as for reads).
             mapped = "columnMapping" in _reader_features(dt)
