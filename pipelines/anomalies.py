@@ -57,6 +57,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.segments import annotate_segments, summarize_segments
+from schemas.conform import conform
 from schemas.operations import StreamAnomalies
 from schemas.raw import DATA_KINDS
 
@@ -110,12 +111,7 @@ def _anomaly(
         "previous_leader_epoch": previous_leader_epoch if previous_leader_epoch is not None else F.lit(None),
         "detail": detail,
     }
-    return df.select(
-        [
-            (columns[f.name] if f.name in columns else F.col(f.name)).cast(f.dataType).alias(f.name)
-            for f in StreamAnomalies.to_structtype().fields
-        ]
-    )
+    return conform(df, StreamAnomalies.to_structtype(), columns)
 
 
 def _heartbeat_regressions(vt: DataFrame) -> DataFrame:
@@ -369,5 +365,4 @@ def find_stream_anomalies(
     found = parts[0]
     for part in parts[1:]:
         found = found.unionByName(part)
-    struct = StreamAnomalies.to_structtype()
-    return found.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields])
+    return conform(found, StreamAnomalies.to_structtype())

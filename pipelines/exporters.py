@@ -24,25 +24,16 @@ after the lowest position it is a lower bound.
 """
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from schemas.conform import conform
 from schemas.operations import CompactionBounds, ExporterPositions, ExporterRegressions
 from schemas.raw import DATA_KINDS
 
 PARTITION_KEYS = ("snapshot_id", "replica", "topic", "partition")
 EXPORTER_KEYS = (*PARTITION_KEYS, "exporter")
-
-
-def _conform(df: DataFrame, model, columns: dict[str, Column] | None = None) -> DataFrame:
-    columns = columns or {}
-    return df.select(
-        [
-            (columns[f.name] if f.name in columns else F.col(f.name)).cast(f.dataType).alias(f.name)
-            for f in model.to_structtype().fields
-        ]
-    )
 
 
 def _version_topic(raw: DataFrame) -> DataFrame:
@@ -74,9 +65,9 @@ def _report_history(raw: DataFrame) -> DataFrame:
 def exporter_regressions(raw: DataFrame) -> DataFrame:
     """One row per exporter report below an earlier report of the same exporter and partition."""
     found = _report_history(raw).where(F.col("is_regression"))
-    return _conform(
+    return conform(
         found,
-        ExporterRegressions,
+        ExporterRegressions.to_structtype(),
         {
             "previous_exported_offset": F.col("previous.exported_offset"),
             "previous_reported_at_ms": F.col("previous.reported_at_ms"),
@@ -161,9 +152,9 @@ def exporter_positions(raw: DataFrame) -> DataFrame:
     joined = per_exporter.join(partitions, on=list(PARTITION_KEYS), how="left").join(
         _first_heartbeat_at_or_after(vt, per_exporter), on=list(EXPORTER_KEYS), how="left"
     )
-    return _conform(
+    return conform(
         joined,
-        ExporterPositions,
+        ExporterPositions.to_structtype(),
         {
             "lag_positions": F.col("last_offset") - F.col("exported_offset"),
             "first_heartbeat_offset": F.col("first_heartbeat.offset"),
@@ -206,9 +197,9 @@ def compaction_bounds(raw: DataFrame, positions: DataFrame) -> DataFrame:
     joined = read.join(by_exporters, on=list(PARTITION_KEYS), how="full")
     low = F.col("lowest.exported_offset")
     processed = F.col("processed_offset")
-    return _conform(
+    return conform(
         joined,
-        CompactionBounds,
+        CompactionBounds.to_structtype(),
         {
             "exporters": F.coalesce(F.col("exporters"), F.lit(0)),
             "min_exported_offset": low,

@@ -71,6 +71,7 @@ from pyspark.sql import types as T
 
 from pipelines.gzip_lines import BLANK, gzip_file_batches
 from resources.filesystem import Location
+from schemas.conform import conform
 from pipelines.venice_frame import REASON_DETAIL, cluster_ids_in, venice_lines
 from schemas.raw import (
     SKIP_REASONS,
@@ -665,11 +666,8 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     compared = compare_candidates(observed).observe(conflicts, F.count_if(F.col("conflicting")).alias("rows"))
     accepted_struct = RawTopicSnapshots.to_structtype()
     # The first copy in file order carries the smallest file name.
-    accepted = compared.where(~F.col("conflicting")).select(
-        [
-            (F.map_from_entries(F.col(f.name)) if f.name in maps else F.col(f.name)).cast(f.dataType).alias(f.name)
-            for f in accepted_struct.fields
-        ]
+    accepted = conform(
+        compared.where(~F.col("conflicting")), accepted_struct, {name: F.map_from_entries(F.col(name)) for name in maps}
     )
 
     def build_quarantined() -> DataFrame:
@@ -699,9 +697,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
             "snapshot_id", "source_file", F.col("raw_replica").alias("replica"), "raw", "reason", "detail"
         )
         quarantine_struct = RawTopicQuarantine.to_structtype()
-        return own_problem.unionByName(conflicting_rows).select(
-            [F.col(f.name).cast(f.dataType).alias(f.name) for f in quarantine_struct.fields]
-        )
+        return conform(own_problem.unionByName(conflicting_rows), quarantine_struct)
 
     return Judgement(
         accepted=accepted,

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from schemas.conform import conform
 from schemas.operations import HeartbeatLag, ReplicationLag
 
 
@@ -31,12 +32,7 @@ def heartbeat_lag(raw: DataFrame) -> DataFrame:
         "lag_lower_ms": F.greatest(F.lit(0), F.col("applied_ts_min_ms") - F.col("origin_ts_max_ms")),
         "lag_upper_ms": F.col("applied_ts_max_ms") - F.col("origin_ts_min_ms"),
     }
-    return heartbeats.select(
-        [
-            (columns[f.name] if f.name in columns else F.col(f.name)).cast(f.dataType).alias(f.name)
-            for f in HeartbeatLag.to_structtype().fields
-        ]
-    )
+    return conform(heartbeats, HeartbeatLag.to_structtype(), columns)
 
 
 def lag_summary(heartbeat_lag_df: DataFrame) -> DataFrame:
@@ -75,9 +71,4 @@ def lag_summary(heartbeat_lag_df: DataFrame) -> DataFrame:
         "stalest_partition": F.col("stalest.partition"),
         "stalest_partition_staleness_ms": F.col("latest_applied_ts_ms") - F.col("stalest.origin_ts"),
     }
-    return joined.select(
-        [
-            (columns[f.name] if f.name in columns else F.col(f.name)).cast(f.dataType).alias(f.name)
-            for f in ReplicationLag.to_structtype().fields
-        ]
-    )
+    return conform(joined, ReplicationLag.to_structtype(), columns)

@@ -83,7 +83,8 @@ from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
 from pipelines.state import LAST_VERSION_COLUMNS
-from pipelines.vectors import MISSING, conform, dense, sparse
+from pipelines.vectors import MISSING, dense, sparse
+from schemas.conform import conform
 from schemas.divergence import DivergenceReports, DivergenceSummary
 from schemas.state import ReplicaState
 

@@ -17,7 +17,8 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.vectors import conform, empty_vector, region_universe, running_max, single, vector_max
+from pipelines.vectors import empty_vector, region_universe, running_max, single, vector_max
+from schemas.conform import conform
 from schemas.raw import DATA_KINDS
 from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
 

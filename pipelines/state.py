@@ -125,7 +125,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.vectors import conform, partition_regions, running_max_single, sparse, vector_max
+from pipelines.vectors import partition_regions, running_max_single, sparse, vector_max
+from schemas.conform import conform
 from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
@@ -683,13 +684,9 @@ def carry_over(
 # ---------------------------------------------------------------- next state
 def _as_state(df: DataFrame) -> DataFrame:
     """``df`` in ``replica_state``'s columns; the other row kind's columns are null."""
+    struct = ReplicaState.to_structtype()
     present = set(df.columns)
-    return df.select(
-        *[
-            (F.col(f.name) if f.name in present else F.lit(None)).cast(f.dataType).alias(f.name)
-            for f in ReplicaState.to_structtype().fields
-        ]
-    )
+    return conform(df, struct, {f.name: F.lit(None) for f in struct.fields if f.name not in present})
 
 
 def last_versions_of(row_wm: DataFrame, regions: Sequence[str]) -> DataFrame:

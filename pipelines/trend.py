@@ -4,6 +4,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from schemas.conform import conform
 from schemas.trend import AuditTrend
 
 
@@ -38,9 +39,4 @@ def audit_trend(
     )
     counts = ("keys_compared", "divergent", "missing", "in_flight", "rows_quarantined", "stream_anomalies")
     struct = AuditTrend.to_structtype()
-    return joined.select(
-        [
-            (F.coalesce(F.col(f.name), F.lit(0)) if f.name in counts else F.col(f.name)).cast(f.dataType).alias(f.name)
-            for f in struct.fields
-        ]
-    ).orderBy("snapshot_id")
+    return conform(joined, struct, {name: F.coalesce(F.col(name), F.lit(0)) for name in counts}).orderBy("snapshot_id")

@@ -136,6 +136,3 @@ def running_max_single(
     return sparse(components, regions)
 
 
-def conform(df: DataFrame, struct: T.StructType) -> DataFrame:
-    """Select ``struct``'s columns in its order, each cast to its declared type."""
-    return df.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields])

@@ -19,7 +19,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.segments import PARTITION_KEYS, summarize_segments
-from pipelines.vectors import conform, empty_vector, partition_regions, running_max_single
+from pipelines.vectors import empty_vector, partition_regions, running_max_single
+from schemas.conform import conform
 from schemas.raw import DATA_KINDS
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 

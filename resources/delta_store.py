@@ -63,6 +63,7 @@ from resources.errors import InvalidSetting
 from resources.filesystem import Location, delta_storage_options, spark_uri
 from resources.session import has_native_delta
 from resources.tuning import DEFAULT_RETENTION_HOURS
+from schemas.conform import conform
 
 PARTITION_COLUMN = "snapshot_id"
 _SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -418,7 +419,7 @@ class DeltaStore(dg.ConfigurableResource):
             check_snapshot_id(snapshot_id)
             # The partition being written decides the snapshot of every row: no row can land elsewhere.
             df = df.withColumn(PARTITION_COLUMN, F.lit(snapshot_id))
-        df = df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields])
+        df = conform(df, struct)
         uri = self.table_uri(table)
         relative_dir = f"write-{uuid.uuid4().hex}"
         folder = f"{uri}/{relative_dir}"
@@ -624,7 +625,6 @@ class DeltaStore(dg.ConfigurableResource):
         from deltalake import DeltaTable
 
         uri = self.table_uri(table)
-        columns = [F.col(f.name).cast(f.dataType).alias(f.name) for f in struct.fields]
         if not self.exists(table):
             return spark.createDataFrame([], struct)
         dt = DeltaTable(uri, storage_options=delta_storage_options())
@@ -637,7 +637,7 @@ class DeltaStore(dg.ConfigurableResource):
             df = spark.read.format("delta").load(uri)
             if snapshot_id is not None:
                 df = df.where(F.col(PARTITION_COLUMN) == snapshot_id)
-            return df.select(columns)
+            return conform(df, struct)
         unsupported = features & {"deletionVectors", "columnMapping"}
         if unsupported:
             raise RuntimeError(
@@ -656,7 +656,7 @@ class DeltaStore(dg.ConfigurableResource):
         result = frames[0]
         for frame in frames[1:]:
             result = result.unionByName(frame)
-        return result.select(columns)
+        return conform(result, struct)
 
     def snapshot_ids(self, table: str) -> list[str]:
         """The snapshots present in ``table`` (from the Delta log alone)."""

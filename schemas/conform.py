@@ -1,0 +1,65 @@
+"""Shape a frame to a table's declared struct: its columns, in order, each of its declared type.
+
+Every table is conformed before it is written (and every embedded read after it is read),
+so this runs a few hundred times per audit, on the driver, while the plans are built.
+Written plainly (``F.col(name).cast(field.dataType).alias(name)`` for every field) it cost
+about a quarter of the round trips from Python to the JVM of a small audit: PySpark's
+``Column.cast`` of a ``DataType`` looks for the thread's active session, and on the audit's
+step threads (which have none in the JVM) goes through ``SparkSession.builder.getOrCreate()``,
+which applies every builder setting again, then parses the type's JSON in the JVM. About
+ten round trips per column, where most columns already have their declared type.
+
+So ``conform`` reads the frame's schema once and casts only the columns whose type differs
+(nullability and metadata included: a cast is kept wherever it could change the written
+file's schema); an atomic type is cast by its SQL name, one round trip. The rows and the
+resulting schema are the same as the plain form's.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+# Types whose SQL name says everything the DataType does (no nested nullability or metadata).
+_ATOMIC = (
+    T.StringType, T.LongType, T.IntegerType, T.ShortType, T.ByteType, T.BooleanType, T.DoubleType, T.FloatType,
+    T.BinaryType, T.DateType, T.TimestampType, T.DecimalType,
+)
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def cast(column: Column, data_type: T.DataType) -> Column:
+    """``column.cast(data_type)``, by the type's SQL name when that is exact (one round trip to the JVM)."""
+    if isinstance(data_type, _ATOMIC):
+        return column.cast(data_type.simpleString())
+    return column.cast(data_type)
+
+
+def conform(df: DataFrame, struct: T.StructType, columns: Optional[Mapping[str, Column]] = None) -> DataFrame:
+    """``df`` with ``struct``'s columns only, in its order, each of its declared type.
+
+    ``columns`` give expressions for some fields (the others are ``df``'s columns of that
+    name); they are computed first, so that their types are known too. A column is cast
+    only when its type differs from the declared one.
+    """
+    if columns:
+        df = df.select(*[columns[f.name].alias(f.name) if f.name in columns else F.col(f.name) for f in struct.fields])
+    have = {f.name: f.dataType for f in df.schema.fields}
+    if [f.name for f in struct.fields] == list(have) and all(have[f.name] == f.dataType for f in struct.fields):
+        return df
+    if all(have.get(f.name) == f.dataType or isinstance(f.dataType, _ATOMIC) for f in struct.fields):
+        # As SQL text: one round trip for the whole selection instead of a few per column.
+        return df.selectExpr(*[
+            _quoted(f.name) if have.get(f.name) == f.dataType
+            else f"CAST({_quoted(f.name)} AS {f.dataType.simpleString()}) AS {_quoted(f.name)}"
+            for f in struct.fields
+        ])
+    return df.select(
+        *[F.col(_quoted(f.name)) if have.get(f.name) == f.dataType else cast(F.col(_quoted(f.name)), f.dataType).alias(f.name)
+          for f in struct.fields]
+    )
