@@ -148,7 +148,7 @@ def _heartbeat_regressions(vt: DataFrame) -> DataFrame:
     )
 
 
-def next_vector_heartbeats(summary: DataFrame) -> DataFrame:
+def _next_vector_heartbeats(summary: DataFrame) -> DataFrame:
     """Per segment of ``heartbeat_segment_summary``: ``judge``, the first later heartbeat carrying an ``hb_vector``.
 
     A data row of segment k comes after that segment's opening heartbeat and before the
@@ -177,7 +177,7 @@ def _data_beyond_heartbeat(segments: DataFrame, summary: DataFrame) -> DataFrame
     # partition, which Spark broadcasts), not by ordering every row of the stream again.
     judged = (
         segments.where(F.col("kind").isin(*DATA_KINDS))
-        .join(next_vector_heartbeats(summary), on=[*PARTITION_KEYS, "segment"])
+        .join(_next_vector_heartbeats(summary), on=[*PARTITION_KEYS, "segment"])
         .withColumn("component", F.element_at(F.col("judge.hb_vector"), F.col("source_region")))
         .where(F.col("component").isNull() | (F.col("source_offset") > F.col("component")))
     )

@@ -761,7 +761,7 @@ class DeltaStore(dg.ConfigurableResource):
                 # snapshot's files lack with nulls; reads could no longer tell that the
                 # snapshot predates them (see refuse_outdated_snapshots). Such a snapshot is
                 # left as it is until it is materialized again.
-                missing, _ = ([], []) if mapped else _absent_columns(by_snapshot.get(partition, []), columns)
+                missing = [] if mapped else _absent_columns(by_snapshot.get(partition, []), columns)[0]
                 if missing:
                     notes.append(
                         f"compaction of {partition} skipped (written before column(s) {', '.join(missing)}: "

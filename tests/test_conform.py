@@ -1,6 +1,8 @@
 """``schemas.conform``: the same rows and schema as casting every column, with fewer casts."""
 from __future__ import annotations
 
+import pytest
+from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -70,3 +72,11 @@ def test_atomic_casts_and_odd_names_as_sql_text(spark):
     conformed = conform(df, struct)
     assert conformed.schema == _plain(df, struct).schema
     assert sorted(r["odd name"] for r in conformed.collect()) == [0, 2, 4]
+
+
+def test_a_frame_with_a_name_twice_is_not_taken_as_conforming(spark):
+    """Catches a check by the set of names: a frame holding ``offset`` twice would be written as it is."""
+    struct = T.StructType([T.StructField("offset", T.LongType())])
+    df = spark.range(2).select(F.col("id").alias("offset"), F.col("id").alias("offset"))
+    with pytest.raises(AnalysisException):
+        conform(df, struct)
