@@ -77,7 +77,8 @@ def raw_topic_snapshots(
         if quarantine_empty:
             tables.stage_empty("raw_topic_quarantine")
         else:
-            tables.stage(judgement.quarantined, "raw_topic_quarantine")
+            # Only the parts the accepted pass's counts call for (rows with problems of their own, conflicts).
+            tables.stage(judgement.quarantine(), "raw_topic_quarantine")
         # Counted on the staged tables (two narrow columns each): no extra pass over the landing files.
         counts = accounting_from_tables(
             tables.frame("raw_topic_snapshots"),

@@ -557,13 +557,16 @@ class Judgement:
     problem of their own, and how many candidates sat at a conflicting position. Both are
     counted by the job that computes the accepted rows, so once it has run,
     ``quarantine()`` knows whether the quarantine is empty: then it is, at no cost; else it
-    is the ``quarantined`` frame, which reads and judges the lines again (a second pass
-    only for snapshots that have bad rows). That frame's plan is built only when it is
+    reads and judges the lines again (a second pass only for snapshots that have bad rows),
+    with only the parts the counts call for: the rows with a problem of their own when
+    there are any, the conflicting positions (an exchange and sort of every candidate, and
+    a join) only when there are any. The ``quarantined`` frame has both parts, for callers
+    that ask before the accepted rows are computed. Either plan is built only when it is
     asked for: building and analysing it costs the driver about a second in a fresh JVM.
     """
 
     accepted: DataFrame
-    build_quarantined: Callable[[], DataFrame]
+    build_quarantined: Callable[[bool, bool], DataFrame]  # (own problems, conflicting positions) -> quarantine
     own_problems: Observation
     conflicts: Observation
     skipped: Observation | None = None  # raw Venice records skipped by rule, per SKIP_REASONS
@@ -576,7 +579,8 @@ class Judgement:
 
     @property
     def quarantined(self) -> DataFrame:
-        return self.build_quarantined()
+        """Every quarantined row, whatever the accepted pass counted (it need not have run)."""
+        return self.build_quarantined(True, True)
 
     def quarantine_is_empty(self) -> bool:
         """Whether no row was quarantined; call it after ``accepted`` has been computed (its observations are read)."""
@@ -584,9 +588,10 @@ class Judgement:
 
     def quarantine(self) -> DataFrame:
         """The quarantined rows; call it after ``accepted`` has been computed (its observations are read)."""
-        if self.quarantine_is_empty():
+        own, conflicting = int(self.own_problems.get["rows"]) > 0, int(self.conflicts.get["rows"]) > 0
+        if not own and not conflicting:
             return self.accepted.sparkSession.createDataFrame([], RawTopicQuarantine.to_structtype())
-        return self.quarantined
+        return self.build_quarantined(own, conflicting)
 
 
 def validate_rows(lines: DataFrame, snapshot_id: str) -> tuple[DataFrame, DataFrame]:
@@ -621,9 +626,21 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         skipped, *[F.count_if(F.col("decoded_reason") == F.lit(r)).alias(r) for r in SKIP_REASONS]
     )
 
-    def judged_rows(frame: DataFrame) -> DataFrame:
+    def judged_rows(frame: DataFrame, problems: Observation) -> DataFrame:
+        """The judged lines, with ``problems`` counting those that have a problem of their own.
+
+        The observation is also what keeps every filter on ``reason`` above the judging. Spark
+        moves a filter below a projection by writing each column it names as that column's
+        expression, and does so projection after projection, so a filter on ``reason`` placed
+        right on these rows would end up below the parse, holding its own ``from_json`` for
+        every flag that the reason is made of: 988 parses of every line instead of 2 (a
+        150,001-line snapshot with one bad line: 210 s for the quarantine against 6.8 s for the
+        accepted rows, warm JVM). A filter cannot move below an observation, which would then
+        count other rows, so each line is parsed and judged once and the filters come after.
+        """
         checked = _checked_rows(frame.where(~skip), snapshot_id)
-        return checked.select(*comparable, "source_file", "raw", "raw_replica", "reason", "detail")
+        judged = checked.select(*comparable, "source_file", "raw", "raw_replica", "reason", "detail")
+        return judged.observe(problems, F.count_if(~candidate).alias("rows"))
 
     content_names = ["snapshot_id", *MESSAGE_FIELDS, "extra_fields"]
     maps = {n for n in content_names if n == "extra_fields" or isinstance(MESSAGE_FIELDS.get(n), T.MapType)}
@@ -662,7 +679,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
             .alias("copies"),
         ).where(F.col("nth") == 1)
 
-    observed = judged_rows(observed_lines).observe(own_problems, F.count_if(~candidate).alias("rows"))
+    observed = judged_rows(observed_lines, own_problems)
     compared = compare_candidates(observed).observe(conflicts, F.count_if(F.col("conflicting")).alias("rows"))
     accepted_struct = RawTopicSnapshots.to_structtype()
     # The first copy in file order carries the smallest file name.
@@ -670,10 +687,16 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         compared.where(~F.col("conflicting")), accepted_struct, {name: F.map_from_entries(F.col(name)) for name in maps}
     )
 
-    def build_quarantined() -> DataFrame:
-        # The lines judged again, without the accepted pass's observation; built only here (about a second of
-        # the driver's time in a fresh JVM, most snapshots have no bad row).
-        judged = judged_rows(lines)
+    def build_quarantined(own: bool, conflicting: bool) -> DataFrame:
+        # The lines judged again, without the accepted pass's observations (an Observation serves one query);
+        # built only here (about a second of the driver's time in a fresh JVM, most snapshots have no bad row).
+        judged = judged_rows(lines, Observation())
+        quarantine_struct = RawTopicQuarantine.to_structtype()
+        own_problem = judged.where(~candidate).select(
+            "snapshot_id", "source_file", F.col("raw_replica").alias("replica"), "raw", "reason", "detail"
+        )
+        if not conflicting:
+            return conform(own_problem, quarantine_struct)
         conflicting_positions = (
             compare_candidates(judged).where("conflicting").select(*position, "rows_at_position").distinct()
         )
@@ -693,10 +716,8 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
             F.lit("CONFLICTING_POSITION").alias("reason"),
             conflict_detail.alias("detail"),
         )
-        own_problem = judged.where(~candidate).select(
-            "snapshot_id", "source_file", F.col("raw_replica").alias("replica"), "raw", "reason", "detail"
-        )
-        quarantine_struct = RawTopicQuarantine.to_structtype()
+        if not own:
+            return conform(conflicting_rows, quarantine_struct)
         return conform(own_problem.unionByName(conflicting_rows), quarantine_struct)
 
     return Judgement(

@@ -77,6 +77,7 @@ class VariantSpec:
     keys: int = 100_000
     rows: Optional[int] = None  # fixed size; None: the benchmark's --rows times ``scale``
     scale: int = 1
+    bad_lines_per_file: int = 0  # lines the ingestion must quarantine, added to every file (``add_bad_lines``)
 
 
 TINY_ROWS = 1_500
@@ -88,6 +89,8 @@ VARIANTS: dict[str, VariantSpec] = {
     "tiny": VariantSpec(keys=1_000, rows=TINY_ROWS),
     # uniform's store with ten times the history: does the audit scale with the rows?
     "large": VariantSpec(scale=LARGE_SCALE),
+    # uniform with a few bad lines in every file: the quarantine's second pass over the lines.
+    "dirty": VariantSpec(bad_lines_per_file=len(("malformed", "bad type", "missing field", "conflict"))),
 }
 
 # Issue 14, kept: hot keys within 1.5x of uniform keys; ten times the rows within 1.2x of
@@ -614,6 +617,7 @@ class VariantFigures:
     peak_jvm_mib: float = 0.0
     success: bool = True
     requested_rows: int = 0
+    bad_lines: int = 0  # lines added for the ingestion to quarantine (the dirty variant), among version_topic_rows
     # Whole processes, start to exit (medians over --process-runs; None when not run).
     essential_pass_seconds: Optional[float] = None
     audit_process_seconds: Optional[float] = None
@@ -676,6 +680,7 @@ def run_variant(
     requested_rows: int = 0,
     keep: bool = False,
     in_process_audits: int = 1,
+    bad_lines_per_file: int = 0,
 ) -> VariantFigures:
     import dagster as dg
 
@@ -686,6 +691,7 @@ def run_variant(
     warehouse = workdir / f"warehouse-{name}"
     snapshot_id = f"bench-{name}"
     simulate(str(landing), snapshot_id, sim_config)
+    bad_lines = add_bad_lines(landing / snapshot_id, bad_lines_per_file) if bad_lines_per_file else 0
     # Once to warm the JVM and the page cache, once measured: the floor is the least any run can do.
     _floor_seconds(spark, str(landing / snapshot_id))
     floor, rows = _floor_seconds(spark, str(landing / snapshot_id))
@@ -700,6 +706,7 @@ def run_variant(
         ratio_to_floor=float("nan"),
         ratio_to_parse_floor=float("nan"),
         requested_rows=requested_rows,
+        bad_lines=bad_lines,
     )
     if process_runs > 0:
         _measure_processes(figures, workdir, landing, snapshot_id, settings, process_runs, keep)
@@ -854,7 +861,7 @@ def benchmark(
             )
             results.append(
                 run_variant(variant, base, config, spark, settings, sampler, process_runs=process_runs, requested_rows=size,
-                            keep=keep, in_process_audits=in_process_audits)
+                            keep=keep, in_process_audits=in_process_audits, bad_lines_per_file=spec.bad_lines_per_file)
             )
     report = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark": spark.version},
@@ -879,6 +886,8 @@ def scaling_ratios(audit_seconds: dict[str, float]) -> dict[str, float]:
     ``large_to_ten_uniform``: ``large`` (``LARGE_SCALE`` times the rows) against
     ``LARGE_SCALE`` audits of uniform's size (target ``LARGE_TO_TEN_UNIFORM_TARGET``): 1.0
     when the audit's cost grows with the rows and nothing else.
+    ``dirty_to_uniform``: ``dirty`` (uniform's snapshot with a few bad lines per file)
+    against uniform: what the quarantine's second pass over the lines costs.
     """
     uniform = audit_seconds.get("uniform")
     if not uniform:
@@ -888,7 +897,36 @@ def scaling_ratios(audit_seconds: dict[str, float]) -> dict[str, float]:
         ratios["hot_to_uniform"] = round(audit_seconds["hot"] / uniform, 2)
     if "large" in audit_seconds:
         ratios["large_to_ten_uniform"] = round(audit_seconds["large"] / (LARGE_SCALE * uniform), 2)
+    if "dirty" in audit_seconds:
+        ratios["dirty_to_uniform"] = round(audit_seconds["dirty"] / uniform, 2)
     return ratios
+
+
+def add_bad_lines(snapshot: Path, per_file: int) -> int:
+    """Append ``per_file`` lines that the ingestion quarantines to every ``*.jsonl`` file of ``snapshot``; return how many.
+
+    They cycle through a line that is not JSON (MALFORMED_JSON), a data row with its offset as a
+    string (BAD_TYPE), one without its key (MISSING_FIELD) and a copy of a data row with another
+    value (CONFLICTING_POSITION: the row and its copy are both quarantined). So the audit pays
+    for both parts of the quarantine's pass: the rows with problems of their own, and the
+    conflicting positions.
+    """
+    added = 0
+    for path in sorted(snapshot.glob("*.jsonl")):
+        with path.open() as f:
+            data = next((m for m in map(json.loads, f) if m.get("kind") == "PUT"), None)
+        if data is None:
+            continue
+        bad = [
+            json.dumps(data)[:-1],
+            json.dumps({**data, "offset": str(data["offset"])}),
+            json.dumps({k: v for k, v in data.items() if k != "key"}),
+            json.dumps({**data, "value": f"{data['value']}-conflicting"}),
+        ]
+        with path.open("a") as f:
+            f.writelines(line + "\n" for line in (bad * per_file)[:per_file])
+        added += per_file
+    return added
 
 
 def _writes_for_rows(rows: int, regions: int) -> int:
@@ -1003,6 +1041,9 @@ def print_report(report: dict) -> None:
             f"large / {LARGE_SCALE} x uniform (in-process audit): {report['large_to_ten_uniform']}x "
             f"(target <= {LARGE_TO_TEN_UNIFORM_TARGET})"
         )
+    if "dirty_to_uniform" in report:
+        print()
+        print(f"dirty / uniform (in-process audit, the quarantine's pass): {report['dirty_to_uniform']}x")
 
 
 # ---------------------------------------------------------------------------------------

@@ -307,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants",
         default="uniform,hot",
         help="comma-separated: uniform, hot (1%% of keys, half the writes), tiny (~1,500 rows whatever --rows: the fixed cost), "
-        "large (uniform with ten times --rows; with uniform in the same run, the report compares it with ten uniform audits)",
+        "large (uniform with ten times --rows; with uniform in the same run, the report compares it with ten uniform audits), "
+        "dirty (uniform with four bad lines in every file: the quarantine's pass)",
     )
     bench.add_argument(
         "--process-runs",

@@ -23,7 +23,9 @@ import pytest
 from dagster import AssetKey
 
 import replica_lens.simulator as simulator
-from replica_lens.benchmark import CLOCK_TICKS, LARGE_SCALE, OUTPUT_FLOOR_TABLES, STEP_INPUTS, JvmCpu, JvmThreads, ProcessSampler, benchmark, scaling_ratios
+from replica_lens.benchmark import CLOCK_TICKS, LARGE_SCALE, OUTPUT_FLOOR_TABLES, STEP_INPUTS, VARIANTS as BENCH_VARIANTS, \
+    JvmCpu, JvmThreads, ProcessSampler, add_bad_lines, benchmark, scaling_ratios
+from pipelines.ingest import judge_rows, read_snapshot_lines
 from replica_lens.definitions import defs
 from replica_lens.jobs import AUDIT_JOB
 
@@ -314,9 +316,33 @@ def test_the_scaling_ratios_compare_each_variant_with_uniform_audits():
     ten, or if a ratio is made up for a variant that did not run.
     """
     assert LARGE_SCALE == 10
-    assert scaling_ratios({"uniform": 100.0, "hot": 130.0, "large": 1100.0, "tiny": 10.0}) == {
+    assert scaling_ratios({"uniform": 100.0, "hot": 130.0, "large": 1100.0, "tiny": 10.0, "dirty": 120.0}) == {
         "hot_to_uniform": 1.3,
         "large_to_ten_uniform": 1.1,
+        "dirty_to_uniform": 1.2,
     }
     assert scaling_ratios({"uniform": 100.0, "tiny": 10.0}) == {}
     assert scaling_ratios({"hot": 130.0, "large": 1100.0}) == {}
+
+
+def test_the_dirty_variant_adds_lines_the_ingestion_quarantines_for_each_part_of_the_quarantine(spark, tmp_path):
+    """Every line ``add_bad_lines`` appends is quarantined, and they reach both parts of the quarantine's pass.
+
+    Bugs caught: an injected line the ingestion accepts (the variant would not measure the
+    quarantine), or one kind only (own problems without conflicts, or the reverse), so that
+    one part of the quarantine's pass goes unmeasured.
+    """
+    folder = tmp_path / "landing" / "dirty"
+    simulator.simulate(str(tmp_path / "landing"), "dirty", simulator.SimulationConfig(seed=3, regions=2, partitions=2, keys=20, writes=40))
+    files = sorted(folder.glob("*.jsonl"))
+    before = sum(1 for f in files for _ in f.open())
+    per_file = BENCH_VARIANTS["dirty"].bad_lines_per_file
+    assert add_bad_lines(folder, per_file) == per_file * len(files)
+    judgement = judge_rows(read_snapshot_lines(spark, str(folder)), "dirty")
+    # The good lines are all still accepted, but the row each conflicting copy sits beside.
+    assert judgement.accepted.count() == before - len(files)
+    reasons = sorted(r["reason"] for r in judgement.quarantine().collect())
+    # Per file: one of each own problem, and the copied row with its original at one position.
+    assert reasons == sorted(
+        ["MALFORMED_JSON", "BAD_TYPE", "MISSING_FIELD", "CONFLICTING_POSITION", "CONFLICTING_POSITION"] * len(files)
+    )
