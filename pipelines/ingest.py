@@ -661,10 +661,12 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     same_content = Window.partitionBy(*position, *rest).orderBy("source_file")
     content = F.struct(*[F.col(n) for n in rest])
 
-    def compare_candidates(rows: DataFrame) -> DataFrame:
-        by_position = rows.where(candidate).select(
+    def at_positions(rows: DataFrame, carried: tuple[str, ...] = ()) -> DataFrame:
+        """Every candidate, with whether its position holds more than one content, and how many rows it holds."""
+        return rows.where(candidate).select(
             *content_names,
             "source_file",
+            *carried,
             # EXPORTER_POSITION rows have no offset: they never conflict, whatever they hold.
             (
                 F.col("offset").isNotNull()
@@ -672,7 +674,9 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
             ).alias("conflicting"),
             F.count(F.lit(1)).over(at_position).alias("rows_at_position"),
         )
-        return by_position.select(
+
+    def compare_candidates(rows: DataFrame) -> DataFrame:
+        return at_positions(rows).select(
             "*",
             F.row_number().over(same_content.rowsBetween(Window.unboundedPreceding, Window.currentRow)).alias("nth"),
             F.count(F.lit(1)).over(same_content.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing))
@@ -697,9 +701,6 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         )
         if not conflicting:
             return conform(own_problem, quarantine_struct)
-        conflicting_positions = (
-            compare_candidates(judged).where("conflicting").select(*position, "rows_at_position").distinct()
-        )
         conflict_detail = F.format_string(
             "%d rows at replica %s, topic %s, partition %d, offset %d do not all have the same content",
             "rows_at_position",
@@ -708,7 +709,9 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
             "partition",
             "offset",
         )
-        conflicting_rows = judged.where(candidate).join(conflicting_positions, on=position, how="inner").select(
+        # Every candidate at a conflicting position, its text carried through the exchange and sort by position: one
+        # read of the lines for them (a join of the conflicting positions with the candidates read again took two).
+        conflicting_rows = at_positions(judged, ("raw",)).where("conflicting").select(
             "snapshot_id",
             "source_file",
             "replica",
