@@ -559,8 +559,8 @@ class Judgement:
     ``quarantine()`` knows whether the quarantine is empty: then it is, at no cost; else it
     reads and judges the lines again (a second pass only for snapshots that have bad rows),
     with only the parts the counts call for: the rows with a problem of their own when
-    there are any, the conflicting positions (an exchange and sort of every candidate, and
-    a join) only when there are any. The ``quarantined`` frame has both parts, for callers
+    there are any, the conflicting positions (an exchange and sort of every candidate by
+    position, each carrying its text) only when there are any. The ``quarantined`` frame has both parts, for callers
     that ask before the accepted rows are computed. Either plan is built only when it is
     asked for: building and analysing it costs the driver about a second in a fresh JVM.
     """
