@@ -582,13 +582,17 @@ class Judgement:
         """Every quarantined row, whatever the accepted pass counted (it need not have run)."""
         return self.build_quarantined(True, True)
 
+    def _parts(self) -> tuple[bool, bool]:
+        """Whether the accepted pass counted rows with problems of their own, and rows at conflicting positions."""
+        return int(self.own_problems.get["rows"]) > 0, int(self.conflicts.get["rows"]) > 0
+
     def quarantine_is_empty(self) -> bool:
         """Whether no row was quarantined; call it after ``accepted`` has been computed (its observations are read)."""
-        return int(self.own_problems.get["rows"]) == 0 and int(self.conflicts.get["rows"]) == 0
+        return not any(self._parts())
 
     def quarantine(self) -> DataFrame:
         """The quarantined rows; call it after ``accepted`` has been computed (its observations are read)."""
-        own, conflicting = int(self.own_problems.get["rows"]) > 0, int(self.conflicts.get["rows"]) > 0
+        own, conflicting = self._parts()
         if not own and not conflicting:
             return self.accepted.sparkSession.createDataFrame([], RawTopicQuarantine.to_structtype())
         return self.build_quarantined(own, conflicting)
