@@ -81,6 +81,8 @@ class VariantSpec:
 
 
 TINY_ROWS = 1_500
+# The kinds of bad line ``add_bad_lines`` writes, one after another: the dirty variant adds one of each per file.
+BAD_LINE_KINDS = ("MALFORMED_JSON", "BAD_TYPE", "MISSING_FIELD", "CONFLICTING_POSITION")
 LARGE_SCALE = 10
 VARIANTS: dict[str, VariantSpec] = {
     "uniform": VariantSpec(),
@@ -90,7 +92,7 @@ VARIANTS: dict[str, VariantSpec] = {
     # uniform's store with ten times the history: does the audit scale with the rows?
     "large": VariantSpec(scale=LARGE_SCALE),
     # uniform with a few bad lines in every file: the quarantine's second pass over the lines.
-    "dirty": VariantSpec(bad_lines_per_file=len(("malformed", "bad type", "missing field", "conflict"))),
+    "dirty": VariantSpec(bad_lines_per_file=len(BAD_LINE_KINDS)),
 }
 
 # Issue 14, kept: hot keys within 1.5x of uniform keys; ten times the rows within 1.2x of
@@ -905,9 +907,9 @@ def scaling_ratios(audit_seconds: dict[str, float]) -> dict[str, float]:
 def add_bad_lines(snapshot: Path, per_file: int) -> int:
     """Append ``per_file`` lines that the ingestion quarantines to every ``*.jsonl`` file of ``snapshot``; return how many.
 
-    They cycle through a line that is not JSON (MALFORMED_JSON), a data row with its offset as a
-    string (BAD_TYPE), one without its key (MISSING_FIELD) and a copy of a data row with another
-    value (CONFLICTING_POSITION: the row and its copy are both quarantined). So the audit pays
+    They cycle through ``BAD_LINE_KINDS``: a line that is not JSON, a data row with its offset as
+    a string, one without its key, and a copy of a data row with another value (the row and its
+    copy are both quarantined). So the audit pays
     for both parts of the quarantine's pass: the rows with problems of their own, and the
     conflicting positions.
     """
@@ -917,12 +919,13 @@ def add_bad_lines(snapshot: Path, per_file: int) -> int:
             data = next((m for m in map(json.loads, f) if m.get("kind") == "PUT"), None)
         if data is None:
             continue
-        bad = [
-            json.dumps(data)[:-1],
-            json.dumps({**data, "offset": str(data["offset"])}),
-            json.dumps({k: v for k, v in data.items() if k != "key"}),
-            json.dumps({**data, "value": f"{data['value']}-conflicting"}),
-        ]
+        by_kind = {
+            "MALFORMED_JSON": json.dumps(data)[:-1],
+            "BAD_TYPE": json.dumps({**data, "offset": str(data["offset"])}),
+            "MISSING_FIELD": json.dumps({k: v for k, v in data.items() if k != "key"}),
+            "CONFLICTING_POSITION": json.dumps({**data, "value": f"{data['value']}-conflicting"}),
+        }
+        bad = [by_kind[kind] for kind in BAD_LINE_KINDS]
         with path.open("a") as f:
             f.writelines(line + "\n" for line in (bad * per_file)[:per_file])
         added += per_file

@@ -23,9 +23,9 @@ import pytest
 from dagster import AssetKey
 
 import replica_lens.simulator as simulator
+from pipelines.ingest import judge_rows, read_snapshot_lines
 from replica_lens.benchmark import CLOCK_TICKS, LARGE_SCALE, OUTPUT_FLOOR_TABLES, STEP_INPUTS, VARIANTS as BENCH_VARIANTS, \
     JvmCpu, JvmThreads, ProcessSampler, add_bad_lines, benchmark, scaling_ratios
-from pipelines.ingest import judge_rows, read_snapshot_lines
 from replica_lens.definitions import defs
 from replica_lens.jobs import AUDIT_JOB
 
