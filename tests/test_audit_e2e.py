@@ -121,6 +121,24 @@ def test_rematerializing_a_snapshot_leaves_one_copy_of_every_row(spark, example_
 
 
 @pytest.mark.slow
+def test_a_complete_snapshot_without_data_files_is_audited_with_no_rows(spark, tmp_path):
+    """A snapshot folder holding only ``_SUCCESS`` (a replica that had nothing to dump) is audited, not failed.
+
+    Bug caught: Spark knows such a snapshot's lines are none before it runs anything and drops the
+    ingestion's observations from its plan, whose reading then failed with a bare assertion error
+    (every run of such a snapshot failed in ``raw_topic_snapshots``).
+    """
+    landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
+    (landing / "empty").mkdir(parents=True)
+    (landing / "empty" / "_SUCCESS").write_text("")
+    audit = run_audit("empty", str(landing), str(warehouse), **SETTINGS)
+    assert audit.success, audit.error
+    raw = audit.metadata["raw_topic_snapshots"]
+    assert (raw["rows_read"], raw["rows_accepted"], raw["rows_quarantined"]) == (0, 0, 0)
+    assert _table_counts(spark, warehouse, "empty") == dict.fromkeys(PER_SNAPSHOT_TABLES, 0)
+
+
+@pytest.mark.slow
 def test_a_simulated_snapshot_with_faults_reports_every_fault_and_nothing_else(spark, tmp_path):
     landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
     config = SimulationConfig(

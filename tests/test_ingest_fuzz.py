@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from pipelines.ingest import accounting_from_tables, read_snapshot_lines, validate_rows
+from pipelines.ingest import accounting_from_tables, judge_rows, read_snapshot_lines, validate_rows
 from schemas.raw import KINDS, MESSAGE_FIELDS, NON_NEGATIVE, QUARANTINE_REASONS, RawTopicQuarantine, RawTopicSnapshots
 from schemas.validation import validation_errors
 from tests.test_ingest import spec_arrow_schema, write_parquet
@@ -259,11 +259,17 @@ def check_accounting(spark, folder: Path, expected: dict[str, int]) -> None:
     per_file = {r["source_file"]: r["n"] for r in read}
     assert per_file == {name: n for name, n in expected.items() if n}, "rows read per file"
 
-    accepted, quarantined = validate_rows(lines, SNAPSHOT)
-    accepted, quarantined = accepted.cache(), quarantined.cache()
+    # As the asset does: the accepted rows first, then the quarantine their pass's observations call for, which judges
+    # only the lines in the buckets of quarantined lines; it must hold the rows that judging every line quarantines.
+    judgement = judge_rows(lines, SNAPSHOT)
+    accepted = judgement.accepted.cache()
+    quarantined = None
     try:
         accepted_rows = accepted.collect()
+        quarantined = judgement.quarantine().cache()
         quarantined_rows = quarantined.collect()
+        every_line = sorted(repr(tuple(r)) for r in judgement.quarantined.collect())
+        assert sorted(repr(tuple(r)) for r in quarantined_rows) == every_line, "not what judging every line quarantines"
         copies = sum(r["copies"] for r in accepted_rows)
         total = sum(expected.values())
         assert copies + len(quarantined_rows) == total, (
@@ -288,7 +294,8 @@ def check_accounting(spark, folder: Path, expected: dict[str, int]) -> None:
         ]
     finally:
         accepted.unpersist()
-        quarantined.unpersist()
+        if quarantined is not None:
+            quarantined.unpersist()
 
 
 def ingest_written(spark, snapshot: dict) -> None:
