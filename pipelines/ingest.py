@@ -72,7 +72,7 @@ from pyspark.sql import types as T
 from pipelines.frames import observed
 from pipelines.gzip_lines import BLANK, gzip_file_batches
 from resources.filesystem import Location
-from schemas.conform import conform
+from schemas.conform import conform, local_frame
 from pipelines.venice_frame import REASON_DETAIL, cluster_ids_in, venice_lines
 from schemas.raw import (
     SKIP_REASONS,
@@ -125,10 +125,6 @@ LINES_SCHEMA = T.StructType(
     ]
 )
 
-_LINES_ARROW = pa.schema(
-    [pa.field("source_file", pa.string(), nullable=False), pa.field("raw", pa.string()), pa.field("read_error", pa.string()),
-     pa.field("decoded_reason", pa.string())]
-)
 # What a blank line may hold, on the Spark side (btrim) as in the gzip reader.
 _BLANK_CHARS = BLANK.decode("ascii")
 _GLOB_CHARS = re.compile(r"([\\{}\[\]*?])")
@@ -195,8 +191,7 @@ def list_snapshot_files(folder: str) -> SnapshotFiles:
 
 def _local_lines(spark: SparkSession, rows: list[tuple[str, str | None, str | None]]) -> DataFrame:
     """A small LINES_SCHEMA frame made on the driver (through Arrow: a local relation, no Python workers)."""
-    columns = [*zip(*rows), [None] * len(rows)] if rows else [[], [], [], []]
-    return spark.createDataFrame(pa.table([list(c) for c in columns], schema=_LINES_ARROW))
+    return local_frame(spark, [(*row, None) for row in rows], LINES_SCHEMA)
 
 
 def _spark_path(path: str) -> str:
@@ -661,7 +656,7 @@ class Judgement:
         """The quarantined rows; call it after ``accepted`` has been computed (its observations are read)."""
         own, conflicting, buckets = self._parts()
         if not own and not conflicting:
-            return self.accepted.sparkSession.createDataFrame([], RawTopicQuarantine.to_structtype())
+            return local_frame(self.accepted.sparkSession, [], RawTopicQuarantine.to_structtype())
         return self.build_quarantined(own, conflicting, buckets)
 
 

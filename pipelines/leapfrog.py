@@ -84,7 +84,7 @@ from pyspark.sql import types as T
 from pipelines.frames import computed_once
 from pipelines.state import LAST_VERSION_COLUMNS
 from pipelines.vectors import MISSING, dense, sparse
-from schemas.conform import conform
+from schemas.conform import conform, local_frame
 from schemas.divergence import DivergenceReports, DivergenceSummary
 from schemas.state import ReplicaState
 
@@ -432,11 +432,21 @@ def comparison_layout(partition_wm: DataFrame) -> ComparisonLayout:
     return ComparisonLayout(regions, replica_partitions, pairs, plans)
 
 
+_REPLICA_PARTITION_IDS = T.StructType([
+    T.StructField("snapshot_id", T.StringType()), T.StructField("replica", T.StringType()),
+    T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
+    T.StructField("part_id", T.IntegerType()), T.StructField("replica_id", T.IntegerType()),
+])
+_PAIRS = T.StructType([
+    T.StructField("snapshot_id", T.StringType()), T.StructField("topic", T.StringType()),
+    T.StructField("partition", T.IntegerType()), T.StructField("replica_a", T.StringType()),
+    T.StructField("replica_b", T.StringType()), T.StructField("pair_id", T.LongType()),
+    T.StructField("sop_a", T.BooleanType()), T.StructField("sop_b", T.BooleanType()),
+])
+
+
 def _replica_partition_ids(spark, layout: ComparisonLayout) -> DataFrame:
-    return spark.createDataFrame(
-        layout.replica_partitions,
-        "snapshot_id string, replica string, topic string, partition int, part_id int, replica_id int",
-    )
+    return local_frame(spark, layout.replica_partitions, _REPLICA_PARTITION_IDS)
 
 
 def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame) -> DataFrame:
@@ -555,11 +565,7 @@ def compare(row_watermarks: DataFrame, partition_wm: DataFrame, layout: Comparis
     """
     layout = comparison_layout(partition_wm) if layout is None else layout
     spark = row_watermarks.sparkSession
-    pairs = spark.createDataFrame(
-        layout.pairs,
-        "snapshot_id string, topic string, partition int, replica_a string, replica_b string, "
-        "pair_id long, sop_a boolean, sop_b boolean",
-    )
+    pairs = local_frame(spark, layout.pairs, _PAIRS)
     ids = _replica_partition_ids(spark, layout)
     compared = computed_once(_compared(row_watermarks, layout, ids))
     per_pair = compared.where(F.col("pair_id").isNotNull())

@@ -126,7 +126,7 @@ from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
 from pipelines.vectors import partition_regions, running_max_single, sparse, vector_max
-from schemas.conform import conform
+from schemas.conform import conform, local_frame
 from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
@@ -171,7 +171,7 @@ def no_prior_state(spark: SparkSession) -> PriorState:
     What ``prior_state`` finds when ``replica_state`` holds no other snapshot's rows: no
     context can be a predecessor, so every stream starts fresh and nothing is refused.
     """
-    empty = spark.createDataFrame([], ReplicaState.to_structtype())
+    empty = local_frame(spark, [], ReplicaState.to_structtype())
     return PriorState(versions=empty, context=empty, links=[])
 
 

@@ -63,7 +63,7 @@ from resources.errors import InvalidSetting
 from resources.filesystem import Location, delta_storage_options, spark_uri
 from resources.session import has_native_delta
 from resources.tuning import DEFAULT_RETENTION_HOURS
-from schemas.conform import conform
+from schemas.conform import conform, local_frame
 
 PARTITION_COLUMN = "snapshot_id"
 _SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -467,7 +467,7 @@ class DeltaStore(dg.ConfigurableResource):
     def read_staged(self, spark: SparkSession, staged: StagedWrite) -> DataFrame:
         """The staged rows, before they are committed (a later table of the same step may be built from them)."""
         if staged.row_count == 0:
-            return spark.createDataFrame([], staged.struct)
+            return local_frame(spark, [], staged.struct)
         if staged.snapshot_id is None:
             return spark.read.schema(staged.struct).parquet(staged.folder)
         files = spark.read.schema(_without_partition(staged.struct)).parquet(
@@ -626,7 +626,7 @@ class DeltaStore(dg.ConfigurableResource):
 
         uri = self.table_uri(table)
         if not self.exists(table):
-            return spark.createDataFrame([], struct)
+            return local_frame(spark, [], struct)
         dt = DeltaTable(uri, storage_options=delta_storage_options())
         features = _reader_features(dt)
         native = self._engine(spark) == "native"
@@ -652,7 +652,7 @@ class DeltaStore(dg.ConfigurableResource):
             for part, part_files in sorted(files.items())
         ]
         if not frames:
-            return spark.createDataFrame([], struct)
+            return local_frame(spark, [], struct)
         result = frames[0]
         for frame in frames[1:]:
             result = result.unionByName(frame)

@@ -1,4 +1,4 @@
-"""``schemas.conform``: the same rows and schema as casting every column, with fewer casts."""
+"""``schemas.conform``: the same rows and schema as casting every column, with fewer casts; local frames."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from schemas.conform import conform
+from schemas.conform import conform, local_frame
+from schemas.state import ReplicaState
 
 STRUCT = T.StructType([
     T.StructField("snapshot_id", T.StringType(), False),
@@ -80,3 +81,31 @@ def test_a_frame_with_a_name_twice_is_not_taken_as_conforming(spark):
     df = spark.range(2).select(F.col("id").alias("offset"), F.col("id").alias("offset"))
     with pytest.raises(AnalysisException):
         conform(df, struct)
+
+
+def _leaf_plan(df) -> str:
+    """The class of the analyzed plan's only leaf (LocalRelation, or LogicalRDD for a Python RDD)."""
+    plan = df._jdf.queryExecution().analyzed()
+    while plan.children().size() > 0:
+        plan = plan.children().head()
+    return plan.getClass().getSimpleName()
+
+
+def test_a_local_frame_holds_its_rows_in_the_plan_with_the_exact_struct(spark):
+    # Bugs caught: a local frame made from a Python list again (a Python RDD: the first query
+    # reading it starts Spark's Python worker daemon), or one whose types or nullability drift
+    # from the struct (a long read as an int, a map of nullable keys).
+    rows = [("s1", 7, 3, {"dc-a": 1, "dc-b": None}, ["x", None], None), ("s1", None, None, None, None, "y")]
+    df = local_frame(spark, rows, STRUCT)
+    assert _leaf_plan(df) == "LocalRelation"
+    assert df.schema == STRUCT
+    assert [tuple(r) for r in df.collect()] == rows
+    empty = local_frame(spark, [], ReplicaState.to_structtype())
+    assert _leaf_plan(empty) == "LocalRelation"
+    assert empty.schema == ReplicaState.to_structtype() and empty.count() == 0
+    assert _leaf_plan(spark.createDataFrame([], STRUCT)) != "LocalRelation"  # what the test tells apart
+
+
+def test_a_local_frame_refuses_rows_of_another_width(spark):
+    with pytest.raises(ValueError, match="rows of 2 values for a struct of 6 fields"):
+        local_frame(spark, [("s1", 1)], STRUCT)
