@@ -18,6 +18,8 @@ is read once, for the totals and the preview; and when it counts every key CONSI
 reports are committed empty without running their plan (it looks the witnesses' values up
 in every row). The replica state takes each key's last version per replica from the
 comparison's pass (``Comparison.last_versions``), not from another exchange of the rows.
+The Delta log's row counts bound the rows the comparison reads (``comparison_rows``): a few
+(``pipelines.leapfrog.DRIVER_MAX_ROWS``) are compared on the driver, without Python workers.
 """
 
 from functools import reduce
@@ -151,7 +153,8 @@ def divergence_reports(
     snapshot_id = context.partition_key
     keep = check_state_retention(config.state_retention)
     session = spark.spark_session
-    with spark.sized_for(comparison_rows(store, snapshot_id)) as evaluation:
+    most_rows = comparison_rows(store, snapshot_id)
+    with spark.sized_for(most_rows) as evaluation:
         rows = read_stage(session, store, "reconstructed_watermarks", snapshot_id)
         partitions = read_stage(session, store, "partition_watermarks", snapshot_id)
         # Which snapshots have a state, from the Delta log (no Spark job): when no other snapshot has one, nothing can
@@ -180,7 +183,7 @@ def divergence_reports(
         }
         # The replica partitions' layout (a handful of rows, one collect) serves the comparison and the state.
         layout = comparison_layout(carried_partitions)
-        comparison = compare(carried_rows, carried_partitions, layout)
+        comparison = compare(carried_rows, carried_partitions, layout, rows=most_rows)
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
         tables.stage(comparison.summary, "divergence_summary")
         # One row per topic partition and replica pair: read once for the totals and the preview.

@@ -65,6 +65,12 @@ topic partition cannot be split anyway.
 
 Every step sorts each partition's rows a fixed number of times (2 x regions + 3 per
 pair); the rows grow with versions x (replicas - 1), never with versions squared.
+
+A small comparison (at most ``DRIVER_MAX_ROWS`` rows, when the caller knows the count from
+the Delta log) runs the same function once on the driver instead: the rows come over as
+Arrow (``toArrow``), every key's rows are then together, and the output goes back as a
+local relation. No exchange, no checkpoint, and no Python worker to start: a fresh JVM's
+first worker costs more (about a second, docs/performance.md) than the pass over 20,000 rows.
 """
 from __future__ import annotations
 
@@ -84,7 +90,7 @@ from pyspark.sql import types as T
 from pipelines.frames import computed_once
 from pipelines.state import LAST_VERSION_COLUMNS
 from pipelines.vectors import MISSING, dense, sparse
-from schemas.conform import conform, local_frame
+from schemas.conform import conform, local_batches, local_frame
 from schemas.divergence import DivergenceReports, DivergenceSummary
 from schemas.state import ReplicaState
 
@@ -93,6 +99,9 @@ PART = ("snapshot_id", "topic", "partition")
 PAIR = (*PART, "replica_a", "replica_b")
 REPLICA_PARTITION = ("snapshot_id", "replica", "topic", "partition")
 SIDES = ("a", "b")
+# At most this many rows, the comparison runs on the driver (``_compared``): a small audit then
+# starts no Python worker, whose start costs more than the pass over its rows.
+DRIVER_MAX_ROWS = 20_000
 
 
 # --------------------------------------------------------------- the search (numpy)
@@ -449,10 +458,13 @@ def _replica_partition_ids(spark, layout: ComparisonLayout) -> DataFrame:
     return local_frame(spark, layout.replica_partitions, _REPLICA_PARTITION_IDS)
 
 
-def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame) -> DataFrame:
+def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame, on_driver: bool) -> DataFrame:
     """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass.
 
     ``ids``: ``_replica_partition_ids`` of ``layout``, which name each row's replica partition by number.
+    ``on_driver``: the rows are few (``DRIVER_MAX_ROWS``): collect them through Arrow and run
+    the pass once, here, over all of them (it needs only a key's rows together, and all are),
+    its output a local relation; no exchange, and no Python worker to start.
     """
     regions = layout.regions
     dense_of = {"u": dense(F.col("touch_bound"), regions), "m": dense(F.col("reach"), regions),
@@ -467,9 +479,10 @@ def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFram
         *_PAYLOAD,
     )
     schema = compare_columns(len(regions))
-    return flat.repartition("part_id", "key").mapInArrow(
-        partial(compare_keys, pairs=layout.plans, region_names=tuple(regions)), schema
-    )
+    kernel = partial(compare_keys, pairs=layout.plans, region_names=tuple(regions))
+    if on_driver:
+        return local_batches(row_watermarks.sparkSession, kernel(iter(flat.toArrow().to_batches())), schema)
+    return flat.repartition("part_id", "key").mapInArrow(kernel, schema)
 
 
 def _verdicts(compared: DataFrame, pairs: DataFrame, regions: list[str]) -> DataFrame:
@@ -556,18 +569,24 @@ class Comparison:
     last_versions: DataFrame
 
 
-def compare(row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None) -> Comparison:
+def compare(
+    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None, rows: int | None = None
+) -> Comparison:
     """Leap Frog over every replica pair, and every key's last version per replica, from one pass.
 
     ``layout`` is ``comparison_layout(partition_wm)`` when the caller has it already, else it
-    is read here. The pass's output is computed once (a local checkpoint); the reports, the
-    summary and the last versions each read it.
+    is read here. The pass's output is computed once (a local checkpoint, or a local relation
+    when it ran on the driver); the reports, the summary and the last versions each read it.
+    ``rows``: at most how many rows ``row_watermarks`` holds, when the caller knows (the Delta
+    log does); at most ``DRIVER_MAX_ROWS`` the pass runs on the driver.
     """
     layout = comparison_layout(partition_wm) if layout is None else layout
     spark = row_watermarks.sparkSession
     pairs = local_frame(spark, layout.pairs, _PAIRS)
     ids = _replica_partition_ids(spark, layout)
-    compared = computed_once(_compared(row_watermarks, layout, ids))
+    on_driver = rows is not None and rows <= DRIVER_MAX_ROWS
+    compared = _compared(row_watermarks, layout, ids, on_driver)
+    compared = compared if on_driver else computed_once(compared)
     per_pair = compared.where(F.col("pair_id").isNotNull())
     verdicts = _verdicts(per_pair, pairs, layout.regions)
     reports = _with_values(verdicts.where(F.col("verdict") != "CONSISTENT"), row_watermarks)
@@ -587,8 +606,8 @@ def compare(row_watermarks: DataFrame, partition_wm: DataFrame, layout: Comparis
 
 
 def compare_replicas(
-    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None
+    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None, rows: int | None = None
 ) -> tuple[DataFrame, DataFrame]:
     """Leap Frog over every replica pair: (``divergence_reports``, ``divergence_summary``) of ``compare``."""
-    comparison = compare(row_watermarks, partition_wm, layout)
+    comparison = compare(row_watermarks, partition_wm, layout, rows)
     return comparison.reports, comparison.summary

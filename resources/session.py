@@ -78,6 +78,12 @@ def spark_config(
         # Joins and windows of one stage share their leading keys (e.g. pair and key): a frame
         # already clustered by those keys is joined without another exchange.
         "spark.sql.requireAllClusterKeysForCoPartition": "false",
+        # A union of frames hash-partitioned alike claims that partitioning (Spark 4's default),
+        # but with adaptive execution its rows could come out as every child's partitions one
+        # after another: a join zipping it with the other side, shuffled to the claimed count,
+        # failed ("Can't zip RDDs with unequal numbers of partitions: List(4, 12)", a carried
+        # state's rows joined to the comparison's output made on the driver). Shuffle instead.
+        "spark.sql.unionOutputPartitioning": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",

@@ -22,7 +22,7 @@ and a worker (about 1.2 s in a fresh JVM), which a small JSONL audit need not st
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -82,3 +82,11 @@ def local_frame(spark: SparkSession, rows: Sequence[Sequence], struct: T.StructT
         raise ValueError(f"rows of {len(columns)} values for a struct of {len(schema)} fields")
     arrays = [pa.array(list(values), type=f.type) for values, f in zip(columns, schema)]
     return spark.createDataFrame(pa.Table.from_arrays(arrays, schema=schema))
+
+
+def local_batches(spark: SparkSession, batches: Iterable[pa.RecordBatch], struct: T.StructType) -> DataFrame:
+    """Arrow record batches made on the driver (of ``struct``'s columns, in order) as a local relation of ``struct``."""
+    schema = to_arrow_schema(struct)
+    received = list(batches)
+    table = pa.Table.from_batches(received).cast(schema) if received else schema.empty_table()
+    return spark.createDataFrame(table)

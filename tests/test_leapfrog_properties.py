@@ -184,12 +184,15 @@ def small_runs(spark):
             spark.conf.set(key, value)
 
 
-def run_spark(spark, rows: list[dict]) -> tuple[dict, list[dict], list[dict]]:
-    """(reports by key, reconstructed watermarks, partition watermarks), computed as the assets do."""
+def run_spark(spark, rows: list[dict], on_driver: bool = False) -> tuple[dict, list[dict], list[dict]]:
+    """(reports by key, reconstructed watermarks, partition watermarks), computed as the assets do.
+
+    ``on_driver``: the comparison told how few rows it reads, so it runs on the driver.
+    """
     annotated = annotate_segments(raw_frame(spark, rows)).localCheckpoint()
     partition_wm = partition_watermarks(summarize_segments(annotated)).localCheckpoint()
     row_watermarks = reconstruct_watermarks(annotated, partition_wm).localCheckpoint()
-    reports, _ = compare_replicas(row_watermarks, partition_wm)
+    reports, _ = compare_replicas(row_watermarks, partition_wm, rows=len(rows) if on_driver else None)
     found = {(r["partition"], r["replica_a"], r["replica_b"], r["key"]): r.asDict() for r in reports.collect()}
     return found, [r.asDict() for r in row_watermarks.collect()], [r.asDict() for r in partition_wm.collect()]
 
@@ -271,10 +274,11 @@ def check_against_reference(rows: list[dict], found: dict, row_watermarks: list[
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(batch=batches())
-def test_spark_verdicts_are_safe_live_and_equal_to_the_reference(small_runs, batch):
+@given(batch=batches(), on_driver=st.booleans())
+def test_spark_verdicts_are_safe_live_and_equal_to_the_reference(small_runs, batch, on_driver):
+    # Both ways the comparison runs: on the executors (mapInArrow) and, for few rows, on the driver.
     rows = [row for history in batch for row in history.rows]
-    found, row_watermarks, partition_wm = run_spark(small_runs, rows)
+    found, row_watermarks, partition_wm = run_spark(small_runs, rows, on_driver)
     check_against_reference(rows, found, row_watermarks, partition_wm)
     for history in batch:
         check_safe(history, found)
