@@ -149,7 +149,8 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
         )
     anomalies = audit.metadata.get("stream_anomalies")
     if anomalies:
-        lines.append(f"  stream anomalies: {anomalies.get('dagster/row_count')} {anomalies.get('by_anomaly') or ''}")
+        by_anomaly = anomalies.get("by_anomaly")
+        lines.append(f"  stream anomalies: {anomalies.get('dagster/row_count')}" + (f" {by_anomaly}" if by_anomaly else ""))
     lag = audit.metadata.get("replication_lag")
     if lag:
         worst = lag.get("worst_lag") or None

@@ -149,3 +149,15 @@ def test_vacuum_prints_a_line_per_table_and_a_dry_run_changes_nothing(tmp_path, 
     assert "no warehouse at" in capsys.readouterr().err
     assert main(["vacuum", "--warehouse", str(warehouse), "--retention-hours", "-1"]) == EXIT_USAGE
     assert "retention_hours must be" in capsys.readouterr().err
+
+
+def test_the_summary_names_stream_anomalies_by_kind_and_ends_no_line_with_a_blank():
+    # Bug caught: the anomalies line printed with a trailing blank when there were none (an
+    # operator's grep for "anomalies: 0$" missed it), or the counts by kind left out.
+    from replica_lens.audit import SnapshotAudit, summary_lines
+
+    clean = SnapshotAudit("s1", True, "run-0001", {"stream_anomalies": {"dagster/row_count": 0, "by_anomaly": ""}})
+    assert "  stream anomalies: 0" in summary_lines(clean)
+    found = SnapshotAudit("s1", True, "run-0001", {"stream_anomalies": {"dagster/row_count": 2, "by_anomaly": "REWIND 2"}})
+    assert "  stream anomalies: 2 REWIND 2" in summary_lines(found)
+    assert not any(line.endswith(" ") for line in summary_lines(clean) + summary_lines(found))
