@@ -205,7 +205,7 @@ def divergence_reports(
         )
         # Every key's last version per replica comes from the comparison's pass, not from another exchange of the rows.
         state = next_state(carried_rows, carried_partitions, prior.versions, prior.context, regions=layout.regions,
-                           last_versions=comparison.last_versions, few=comparison.on_driver)
+                           last_versions=comparison.last_versions)
         tables.stage(state, STATE, extra_metadata=carried)
         # Unset, every state is kept and nothing is collected for the plan.
         dropped, retention = [], {"state_retention": "all"}

@@ -567,7 +567,6 @@ class Comparison:
     reports: DataFrame
     summary: DataFrame
     last_versions: DataFrame
-    on_driver: bool = False  # the pass ran on the driver: few rows, its output a local relation
 
 
 def compare(
@@ -603,7 +602,6 @@ def compare(
         reports=conform(reports, DivergenceReports.to_structtype()),
         summary=conform(_summary(pairs, verdicts), DivergenceSummary.to_structtype()),
         last_versions=last_versions,
-        on_driver=on_driver,
     )
 
 

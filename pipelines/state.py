@@ -713,7 +713,6 @@ def next_state(
     prior_context: DataFrame,
     regions: Sequence[str] | None = None,
     last_versions: DataFrame | None = None,
-    few: bool = False,
 ) -> DataFrame:
     """The ``replica_state`` rows after one snapshot: each key's last version, one context per replica partition.
 
@@ -724,10 +723,6 @@ def next_state(
     (``Comparison.last_versions``) when the caller has it, else aggregated from ``row_wm``
     (``last_versions_of``). ``regions``: ``partition_regions(partition_wm)`` when the
     caller has it already (the comparison's layout), else read here (one small job).
-    The versions are computed once (a local checkpoint: the rows and the per-partition
-    counts and checksum read them), unless ``few`` (the comparison ran on the driver, its
-    last versions a local relation): then reading them twice costs less than the
-    checkpoint's two Spark jobs.
     """
     rp = list(REPLICA_PARTITION)
     ctx = prior_context.where(F.col("row_kind") == CONTEXT).select(
@@ -745,7 +740,7 @@ def next_state(
     )
     if last_versions is None:
         last_versions = last_versions_of(row_wm, partition_regions(partition_wm) if regions is None else regions)
-    versions = _as_state(
+    versions = computed_once(_as_state(
         last_versions.join(prior, on=[*rp, "key"], how="left").select(
             "snapshot_id",
             F.lit(VERSION).alias("row_kind"),
@@ -758,8 +753,7 @@ def next_state(
             .otherwise(F.col("snapshot_id"))
             .alias("origin_snapshot_id"),
         )
-    )
-    versions = versions if few else computed_once(versions)
+    ))
     stats = versions.groupBy("snapshot_id", *rp).agg(
         F.count(F.lit(1)).alias("state_rows"), checksum(version_hash()).alias("state_checksum")
     )

@@ -81,11 +81,11 @@ def local_frame(spark: SparkSession, rows: Sequence[Sequence], struct: T.StructT
     if len(columns) != len(schema):
         raise ValueError(f"rows of {len(columns)} values for a struct of {len(schema)} fields")
     arrays = [pa.array(list(values), type=f.type) for values, f in zip(columns, schema)]
-    return spark.createDataFrame(pa.Table.from_arrays(arrays, schema=schema))
+    return local_batches(spark, pa.Table.from_arrays(arrays, schema=schema).to_batches(), struct)
 
 
 def local_batches(spark: SparkSession, batches: Iterable[pa.RecordBatch], struct: T.StructType) -> DataFrame:
-    """Arrow record batches made on the driver (of ``struct``'s columns, in order) as a local relation of ``struct``."""
+    """Arrow record batches made on the driver (``struct``'s columns, in order) as a local relation of exactly ``struct``."""
     schema = to_arrow_schema(struct)
     received = list(batches)
     table = pa.Table.from_batches(received).cast(schema) if received else schema.empty_table()
