@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 SCHEMA_CHECK = "matches_schema"
 MAX_LISTED_ERRORS = 20
 COUNT_PREFIX = "__count_"  # the step's own ``counts`` among a staged write's metrics
+OBSERVED_PREFIX = "__observed_"  # the step's own ``observe`` values among a staged write's metrics
 
 
 def read_stage(spark: SparkSession, store: DeltaStore, table: str, snapshot_id: str | None) -> DataFrame:
@@ -140,18 +141,24 @@ class StepTables:
 
     def stage(
         self, df: DataFrame, table: str, extra_metadata: dict[str, Any] | None = None,
-        counts: dict[str, Column] | None = None,
+        counts: dict[str, Column] | None = None, observe: dict[str, Column] | None = None,
     ) -> StagedWrite:
         """Write ``df`` as ``table``'s staged files, its schema rules counted by the same job.
 
         ``counts`` are more aggregates over the written rows for the step's metadata, computed by
         that job too (no read-back of the staged files); ``counts(table)`` returns them by name.
+        ``observe``: aggregates of any type over the written rows (the region universe, say) that
+        the step goes on with; ``observed(table)`` returns them by name, as Spark computed them.
         """
         struct = struct_for(table)
         validation = TableValidation(model_for(table))
         started = time.perf_counter()
-        observe = validation.aggregates(struct) + [c.alias(f"{COUNT_PREFIX}{n}") for n, c in (counts or {}).items()]
-        staged = self.store.stage(self.spark, df, table, self.snapshot_id, struct, observe=observe)
+        aggregates = (
+            validation.aggregates(struct)
+            + [c.alias(f"{COUNT_PREFIX}{n}") for n, c in (counts or {}).items()]
+            + [c.alias(f"{OBSERVED_PREFIX}{n}") for n, c in (observe or {}).items()]
+        )
+        staged = self.store.stage(self.spark, df, table, self.snapshot_id, struct, observe=aggregates)
         self._staged[table] = _Staged(
             staged=staged,
             violations=validation.violations(struct, staged.metrics),
@@ -179,6 +186,11 @@ class StepTables:
         """The ``counts`` given to ``stage`` for ``table``, as computed by the job that wrote it."""
         metrics = self._staged[table].staged.metrics
         return {k[len(COUNT_PREFIX):]: int(v or 0) for k, v in metrics.items() if k.startswith(COUNT_PREFIX)}
+
+    def observed(self, table: str) -> dict[str, Any]:
+        """The ``observe`` aggregates given to ``stage`` for ``table``, as computed by the job that wrote it."""
+        metrics = self._staged[table].staged.metrics
+        return {k[len(OBSERVED_PREFIX):]: v for k, v in metrics.items() if k.startswith(OBSERVED_PREFIX)}
 
     def frame(self, table: str) -> DataFrame:
         """The rows staged for ``table`` in this step (not yet published)."""

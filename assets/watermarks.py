@@ -5,6 +5,7 @@ import dagster as dg
 from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.segments import annotate_segments, summarize_segments
+from pipelines.vectors import PARTITION_VECTORS, universe
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
@@ -76,6 +77,15 @@ def reconstructed_watermarks(context: dg.AssetExecutionContext, spark: SparkReso
         # The few partition rows first, from the segments' summary (not from every row again): P and L(end) of every
         # data row are then read from them.
         summary = read_stage(session, store, "heartbeat_segment_summary", snapshot_id)
-        tables.stage(partition_watermarks(summary), "partition_watermarks")
-        tables.stage(reconstruct_watermarks(annotated, tables.frame("partition_watermarks")), "reconstructed_watermarks")
+        # Their regions (what partition_regions would collect) are observed by the same write.
+        tables.stage(
+            partition_watermarks(summary), "partition_watermarks",
+            observe={"regions": universe(vector_columns=PARTITION_VECTORS)},
+        )
+        tables.stage(
+            reconstruct_watermarks(
+                annotated, tables.frame("partition_watermarks"), tables.observed("partition_watermarks")["regions"]
+            ),
+            "reconstructed_watermarks",
+        )
         yield from tables.publish()

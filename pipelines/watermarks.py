@@ -63,15 +63,19 @@ def partition_watermarks(summary: DataFrame) -> DataFrame:
     return conform(bounds, PartitionWatermarks.to_structtype())
 
 
-def reconstruct_watermarks(annotated: DataFrame, partitions: DataFrame | None = None) -> DataFrame:
+def reconstruct_watermarks(
+    annotated: DataFrame, partitions: DataFrame | None = None, regions: list[str] | None = None
+) -> DataFrame:
     """One row per PUT/DELETE with its content token, ``L``, ``U`` (null when ``P`` is unknown) and ``M``.
 
     ``partitions`` is ``partition_watermarks`` of the segments' summary when the caller has
     it (the asset passes the table it just wrote); ``P`` and ``L(end)`` come from its few rows.
+    ``regions``: ``partition_regions(partitions)`` when the caller has it (the asset observes it
+    on the write of ``partitions``: no query of its own), else collected here.
     """
     data = annotated.where(F.col("kind").isin(*DATA_KINDS))
     partitions = partitions if partitions is not None else partition_watermarks(summarize_segments(annotated))
-    regions = partition_regions(partitions)
+    regions = partition_regions(partitions) if regions is None else regions
     bounds = partitions.select(*PARTITION_KEYS, "pre_history_bound", "end_lower_bound")
     by_key = Window.partitionBy(*PARTITION_KEYS, "key").orderBy("offset")
     # U = max(P, the key's {source_region: source_offset} so far): P's regions are in ``regions``.
