@@ -801,9 +801,10 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
                 quarantine_struct,
             )
         # Both parts from this one read: the rows with problems of their own go through the exchange by position
-        # too (usually few), each line in a window of its own text (a malformed line has no position), so the
-        # candidates' windows hold candidates only. Their text is carried through, never read again for a join.
-        own_line = F.when(~candidate, F.xxhash64("source_file", "raw"))
+        # too (usually few), in windows of their line's bucket (a malformed line has no position), so the candidates'
+        # windows (no bucket) hold candidates only. A row with a problem of its own keeps its own reason and detail
+        # whoever shares its window. Their text is carried through, never read again for a join.
+        own_line = F.when(~candidate, F.col("line_bucket"))
         windowed = at_positions(
             rows, ("raw", "raw_replica", "reason", "detail"), at_position.partitionBy(*position, own_line)
         )

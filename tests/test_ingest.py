@@ -378,13 +378,15 @@ def test_judging_the_lines_of_quarantined_buckets_alone_quarantines_the_same_row
 
     Bugs caught: a line judged for being in a bucket counted as quarantined; a position whose candidates were only
     partly judged (some of them in a quarantined bucket) taken for a conflict; the filter placed above the parse
-    (each line still parsed).
+    (each line still parsed); a row with a problem of its own sharing a window with the good row at its position
+    (which then looks like a conflict).
     """
     monkeypatch.setattr(ingest_module, "LINE_BUCKETS", 16)
     rows = [put(o, key=f"k{o}", value=f"v{o}") for o in range(1, 40)]
     rows += [put(5, key="k5", value="v5")] * 2  # exact copies of an accepted row
     rows += [put(50, key="c", value="one"), put(50, key="c", value="two"), put(50, key="c", value="one")]
     rows += [{**put(60), "offset": "sixty"}, "{not json"]
+    rows += [put(7, key="k7", value="v7", source_offset=-9)]  # a problem of its own at good row 7's position
     lines = spark.createDataFrame(
         [(f"f{i % 3}.jsonl", r if isinstance(r, str) else json.dumps(r)) for i, r in enumerate(rows)],
         "source_file string, raw string",
@@ -398,7 +400,7 @@ def test_judging_the_lines_of_quarantined_buckets_alone_quarantines_the_same_row
     got = sorted((r["source_file"], r["raw"], r["reason"], r["detail"]) for r in judgement.quarantine().collect())
     assert got == sorted((r["source_file"], r["raw"], r["reason"], r["detail"]) for r in judgement.quarantined.collect())
     assert [reason for *_, reason, _ in got].count("CONFLICTING_POSITION") == 3
-    assert len(got) == 5
+    assert len(got) == 6
 
 
 def test_a_snapshot_whose_every_line_is_bad_is_quarantined_whole(spark):
