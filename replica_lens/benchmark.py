@@ -624,6 +624,9 @@ class VariantFigures:
     essential_pass_seconds: Optional[float] = None
     audit_process_seconds: Optional[float] = None
     audit_process_to_essential_pass: Optional[float] = None  # the headline ratio
+    # Audit process / essential pass of each alternated pair, in run order: the headline's spread.
+    # On a noisy machine the median ratio moves with either side's median; the pairs show by how much.
+    pair_ratios: list[float] = field(default_factory=list)
     process_ratio_target: Optional[float] = None
     essential_pass_runs: list[dict] = field(default_factory=list)
     audit_process_runs: list[dict] = field(default_factory=list)
@@ -668,6 +671,10 @@ def _measure_processes(figures: VariantFigures, workdir: Path, landing: Path, sn
         figures.essential_pass_seconds = _median([r["seconds"] for r in figures.essential_pass_runs])
         figures.audit_process_seconds = _median([r["seconds"] for r in figures.audit_process_runs])
         figures.audit_process_to_essential_pass = round(figures.audit_process_seconds / figures.essential_pass_seconds, 2)
+        figures.pair_ratios = [
+            round(audit["seconds"] / essential["seconds"], 2)
+            for essential, audit in zip(figures.essential_pass_runs, figures.audit_process_runs)
+        ]
     figures.process_ratio_target = PROCESS_RATIO_TARGETS.get(figures.variant)
 
 
@@ -965,13 +972,17 @@ def print_report(report: dict) -> None:
     if processes:
         print()
         print("Whole processes, start to exit (median of %d run(s) each)" % report.get("process_runs", 1))
-        print(f"  {'variant':<8} {'rows':>10} {'essential pass':>15} {'audit process':>14} {'ratio':>7} {'target':>7}")
+        print(
+            f"  {'variant':<8} {'rows':>10} {'essential pass':>15} {'audit process':>14} {'ratio':>7} {'target':>7}"
+            "  each pair (in run order)"
+        )
         for v in processes:
             target = v.get("process_ratio_target")
+            pairs = ", ".join(f"{r}x" for r in v.get("pair_ratios", []))
             print(
                 f"  {v['variant']:<8} {v['version_topic_rows']:>10} {v['essential_pass_seconds']:>13} s "
                 f"{v['audit_process_seconds']:>12} s {v['audit_process_to_essential_pass']:>6}x "
-                f"{'<= ' + str(target) if target else '':>7}"
+                f"{'<= ' + str(target) if target else '':>7}  {pairs}"
             )
     for variant in report["variants"]:
         print()

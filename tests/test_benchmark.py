@@ -39,7 +39,8 @@ MACHINE_FIELDS = {"cpus", "python", "spark"}
 VARIANT_FIELDS = {
     "variant", "version_topic_rows", "floor_seconds", "parse_floor_seconds", "audit_seconds",
     "ratio_to_floor", "ratio_to_parse_floor", "steps", "peak_jvm_mib", "success", "cpu", "repeated_audits",
-    "output_floor", "output_write_seconds",
+    "output_floor", "output_write_seconds", "essential_pass_seconds", "audit_process_seconds",
+    "audit_process_to_essential_pass", "pair_ratios",
 }
 CPU_FIELDS = {"jvm_cpu_seconds", "jit_cpu_seconds", "gc_cpu_seconds"}
 STEP_FIELDS = {"step", "seconds", "rows_in", "rows_out", "peak_python_mib", "peak_jvm_mib", "tables"} | CPU_FIELDS
@@ -179,6 +180,15 @@ def test_the_floors_are_measured_and_the_ratios_follow_from_them(run):
             # An unmeasured floor (0) gives a NaN ratio; a ratio against another figure does not match.
             assert math.isfinite(variant[ratio]) and variant[ratio] > 0, (name, ratio, variant[ratio])
             assert variant[floor] == pytest.approx(audit / variant[ratio], abs=2 * ROUNDING_S), (name, floor)
+        # Whole processes: the headline from the medians, and each alternated pair's own ratio (its spread).
+        essential, audit_process = variant["essential_pass_runs"], variant["audit_process_runs"]
+        assert len(essential) == len(audit_process) == report["process_runs"] >= 1, name
+        assert variant["audit_process_to_essential_pass"] == pytest.approx(
+            variant["audit_process_seconds"] / variant["essential_pass_seconds"], abs=0.01
+        ), name
+        assert variant["pair_ratios"] == [
+            pytest.approx(a["seconds"] / e["seconds"], abs=0.01) for e, a in zip(essential, audit_process)
+        ], name
     uniform, hot = report["variants"]
     assert report["hot_to_uniform"] == pytest.approx(hot["audit_seconds"] / uniform["audit_seconds"], abs=0.01)
 
