@@ -57,8 +57,8 @@ def stream_anomalies(
         )
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
         # Rows per anomaly, counted by the job that writes them.
-        tables.stage(anomalies, "stream_anomalies", counts={a: F.count_if(F.col("anomaly") == a) for a in ANOMALIES})
-        by_kind = {a: n for a, n in tables.counts("stream_anomalies").items() if n}
+        tables.stage(anomalies, "stream_anomalies", observe={a: F.count_if(F.col("anomaly") == a) for a in ANOMALIES})
+        by_kind = {a: n for a, n in tables.observed("stream_anomalies").items() if n}
         tables.add_metadata("stream_anomalies", {"by_anomaly": dg.MetadataValue.json(by_kind), **bounds.__dict__})
         yield from tables.publish()
 

@@ -11,7 +11,7 @@ asset's blocking ``matches_schema`` check did not pass, no downstream step runs.
 A table built from another table of the same step reads that table's staged files
 (``StepTables.frame``): nothing is read back from Delta for it, and nothing is published
 before the whole step has been validated. A step's own counts for its metadata ride on the
-same job (``StepTables.stage(..., counts=)``).
+same job (``StepTables.stage(..., observe=)``).
 
 Asset checks read a table through ``matching_rows``: the first rows that break a bound and
 their count in one query, and no query at all when the Delta log says the snapshot is empty.
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 
 SCHEMA_CHECK = "matches_schema"
 MAX_LISTED_ERRORS = 20
-COUNT_PREFIX = "__count_"  # the step's own ``counts`` among a staged write's metrics
 OBSERVED_PREFIX = "__observed_"  # the step's own ``observe`` values among a staged write's metrics
 
 
@@ -141,21 +140,19 @@ class StepTables:
 
     def stage(
         self, df: DataFrame, table: str, extra_metadata: dict[str, Any] | None = None,
-        counts: dict[str, Column] | None = None, observe: dict[str, Column] | None = None,
+        observe: dict[str, Column] | None = None,
     ) -> StagedWrite:
         """Write ``df`` as ``table``'s staged files, its schema rules counted by the same job.
 
-        ``counts`` are more aggregates over the written rows for the step's metadata, computed by
-        that job too (no read-back of the staged files); ``counts(table)`` returns them by name.
-        ``observe``: aggregates of any type over the written rows (the region universe, say) that
-        the step goes on with; ``observed(table)`` returns them by name, as Spark computed them.
+        ``observe``: more aggregates over the written rows (counts for the step's metadata, the
+        region universe the step goes on with), computed by that job too, with no read-back of the
+        staged files; ``observed(table)`` returns them by name, as Spark computed them.
         """
         struct = struct_for(table)
         validation = TableValidation(model_for(table))
         started = time.perf_counter()
         aggregates = (
             validation.aggregates(struct)
-            + [c.alias(f"{COUNT_PREFIX}{n}") for n, c in (counts or {}).items()]
             + [c.alias(f"{OBSERVED_PREFIX}{n}") for n, c in (observe or {}).items()]
         )
         staged = self.store.stage(self.spark, df, table, self.snapshot_id, struct, observe=aggregates)
@@ -181,11 +178,6 @@ class StepTables:
             extra_metadata=dict(extra_metadata or {}),
         )
         return staged
-
-    def counts(self, table: str) -> dict[str, int]:
-        """The ``counts`` given to ``stage`` for ``table``, as computed by the job that wrote it."""
-        metrics = self._staged[table].staged.metrics
-        return {k[len(COUNT_PREFIX):]: int(v or 0) for k, v in metrics.items() if k.startswith(COUNT_PREFIX)}
 
     def observed(self, table: str) -> dict[str, Any]:
         """The ``observe`` aggregates given to ``stage`` for ``table``, as computed by the job that wrote it."""

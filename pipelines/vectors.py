@@ -55,14 +55,12 @@ def universe(region_columns: Iterable[str] = (), vector_columns: Iterable[str] =
     One global aggregation: each task keeps the distinct names and key sets it saw (a
     handful), no row is exploded or shuffled. Being an aggregate, it can also ride on the job
     that writes a table (``StepTables.stage(..., observe=)``) and cost no scan of its own.
-    ``collect_set`` skips nulls: a null region, or a null vector's (null) key set.
+    ``collect_set`` skips nulls: a null region, or a null vector's (null) key set. At least one
+    column: ``region_universe`` answers the empty question itself.
     """
     names = [F.collect_set(c) for c in region_columns]
     keys = [F.flatten(F.collect_set(F.map_keys(c))) for c in vector_columns]
-    parts = names + keys
-    if not parts:
-        return F.array().cast(T.ArrayType(T.StringType()))
-    return F.array_sort(F.array_distinct(F.flatten(F.array(*parts)) if len(parts) > 1 else parts[0]))
+    return F.array_sort(F.array_distinct(F.flatten(F.array(*names, *keys))))
 
 
 def region_universe(df: DataFrame, region_columns: Iterable[str] = (), vector_columns: Iterable[str] = ()) -> list[str]:
