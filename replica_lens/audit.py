@@ -41,6 +41,27 @@ class SnapshotAudit:
         )
 
 
+@contextmanager
+def audit_instance(instance: Optional[dg.DagsterInstance] = None) -> Iterator[dg.DagsterInstance]:
+    """The Dagster instance audits record their runs in, disposed of on leaving, on this thread.
+
+    ``instance`` when given (its owner disposes of it); else the instance of ``DAGSTER_HOME``
+    when that is set, or an ephemeral (in-memory) one.
+
+    Why dispose of it here: an instance holds SQLite connections for its whole life. Left to
+    the garbage collector, they are closed on whichever thread happens to collect them, under
+    the threaded executor often a step thread of a later run. SQLite refuses a connection used
+    outside the thread that opened it, and SQLAlchemy then prints a traceback ("SQLite objects
+    created in a thread can only be used in that same thread") in the middle of the output of an
+    audit that succeeded.
+    """
+    if instance is not None:
+        yield instance
+        return
+    with (dg.DagsterInstance.get() if _has_dagster_home() else dg.DagsterInstance.ephemeral()) as made:
+        yield made
+
+
 def _plain(value: Any) -> Any:
     return getattr(value, "value", value)
 
@@ -73,48 +94,48 @@ def run_audit(
 
     defs = build_definitions(landing_root=landing, warehouse_root=warehouse, **settings)
     job = defs.resolve_job_def(AUDIT_JOB)
-    instance = instance or dg.DagsterInstance.ephemeral()
-    if not instance.has_dynamic_partition(SNAPSHOTS, snapshot_id):
-        instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
-    run_id = make_new_run_id()
-    if watcher is not None:
-        instance.watch_event_logs(run_id, None, watcher)
-    try:
-        result = execute_here(
-            job,
-            partition_key=snapshot_id,
-            instance=instance,
-            run_config={
-                "loggers": {"console": {"config": {"log_level": log_level}}},
-                **({"ops": {"divergence_reports": {"config": {"state_retention": state_retention}}}}
-                   if state_retention is not None else {}),
-                **({"execution": {"config": {"max_concurrent": concurrent_steps}}} if concurrent_steps else {}),
-            },
-            run_id=run_id,
-        )
-    finally:
+    with audit_instance(instance) as instance:
+        if not instance.has_dynamic_partition(SNAPSHOTS, snapshot_id):
+            instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
+        run_id = make_new_run_id()
         if watcher is not None:
-            instance.end_watch_event_logs(run_id, watcher)
-            watcher.finish(instance, run_id)
-    audit = SnapshotAudit(snapshot_id=snapshot_id, success=result.success, run_id=result.run_id)
-    for event in result.get_asset_materialization_events():
-        materialization = event.event_specific_data.materialization
-        audit.metadata[materialization.asset_key.to_user_string()] = {
-            k: _plain(v) for k, v in materialization.metadata.items()
-        }
-    for evaluation in result.get_asset_check_evaluations():
-        if not evaluation.passed:
-            audit.failed_checks.append(f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}")
-    if not result.success:
-        failures = [e for e in result.all_events if e.is_step_failure]
-        if failures:
-            error = failures[0].step_failure_data.error
-            audit.error = f"{failures[0].step_key}: {error.message.strip() if error else 'failed'}"
-        else:
-            # No step failed: the run itself did (interrupted by Ctrl-C or a terminate, say); Dagster says how.
-            run_failure = next((e for e in result.all_events if e.event_type_value == "RUN_FAILURE"), None)
-            audit.error = f"run failed: {run_failure.message}" if run_failure and run_failure.message else "run failed"
-    return audit
+            instance.watch_event_logs(run_id, None, watcher)
+        try:
+            result = execute_here(
+                job,
+                partition_key=snapshot_id,
+                instance=instance,
+                run_config={
+                    "loggers": {"console": {"config": {"log_level": log_level}}},
+                    **({"ops": {"divergence_reports": {"config": {"state_retention": state_retention}}}}
+                       if state_retention is not None else {}),
+                    **({"execution": {"config": {"max_concurrent": concurrent_steps}}} if concurrent_steps else {}),
+                },
+                run_id=run_id,
+            )
+        finally:
+            if watcher is not None:
+                instance.end_watch_event_logs(run_id, watcher)
+                watcher.finish(instance, run_id)
+        audit = SnapshotAudit(snapshot_id=snapshot_id, success=result.success, run_id=result.run_id)
+        for event in result.get_asset_materialization_events():
+            materialization = event.event_specific_data.materialization
+            audit.metadata[materialization.asset_key.to_user_string()] = {
+                k: _plain(v) for k, v in materialization.metadata.items()
+            }
+        for evaluation in result.get_asset_check_evaluations():
+            if not evaluation.passed:
+                audit.failed_checks.append(f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}")
+        if not result.success:
+            failures = [e for e in result.all_events if e.is_step_failure]
+            if failures:
+                error = failures[0].step_failure_data.error
+                audit.error = f"{failures[0].step_key}: {error.message.strip() if error else 'failed'}"
+            else:
+                # No step failed: the run itself did (interrupted by Ctrl-C or a terminate, say); Dagster says how.
+                run_failure = next((e for e in result.all_events if e.event_type_value == "RUN_FAILURE"), None)
+                audit.error = f"run failed: {run_failure.message}" if run_failure and run_failure.message else "run failed"
+        return audit
 
 
 def summary_lines(audit: SnapshotAudit) -> list[str]:
@@ -420,35 +441,35 @@ def audit_snapshots(
         snapshot_ids = scan.complete
         if not snapshot_ids:
             print(f"no complete snapshot in {landing}", file=sys.stderr)
-    instance = dg.DagsterInstance.get() if _has_dagster_home() else dg.DagsterInstance.ephemeral()
     exit_code = 0
     documents = []
-    for sid in snapshot_ids:
-        if verbosity != "quiet":
-            print(f"auditing snapshot {sid} ...", file=out, flush=True)
-        with status_line(out, f"auditing {sid}", enabled=verbosity == "normal"):
-            audit = run_audit(
-                sid,
-                landing,
-                warehouse,
-                instance=instance,
-                log_level=DAGSTER_LOG_LEVELS[verbosity],
-                watcher=StepPrinter(out) if verbosity != "quiet" else None,
-                spark_master=spark_master,
-                delta_jars_dir=delta_jars_dir,
-                shuffle_partitions=shuffle_partitions,
-                spark_log_level=SPARK_LOG_LEVELS[verbosity],
-                state_retention=state_retention,
-                concurrent_steps=concurrent_steps,
-                cluster_regions=cluster_regions,
-                venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
-            )
-        print("\n".join(summary_lines(audit)), file=out, flush=True)
-        documents.append(audit_document(audit))
-        if not audit.success:
-            exit_code = 1
-        elif fail_on_divergence and audit.proven_divergent and exit_code == 0:
-            exit_code = 3
+    with audit_instance() as instance:
+        for sid in snapshot_ids:
+            if verbosity != "quiet":
+                print(f"auditing snapshot {sid} ...", file=out, flush=True)
+            with status_line(out, f"auditing {sid}", enabled=verbosity == "normal"):
+                audit = run_audit(
+                    sid,
+                    landing,
+                    warehouse,
+                    instance=instance,
+                    log_level=DAGSTER_LOG_LEVELS[verbosity],
+                    watcher=StepPrinter(out) if verbosity != "quiet" else None,
+                    spark_master=spark_master,
+                    delta_jars_dir=delta_jars_dir,
+                    shuffle_partitions=shuffle_partitions,
+                    spark_log_level=SPARK_LOG_LEVELS[verbosity],
+                    state_retention=state_retention,
+                    concurrent_steps=concurrent_steps,
+                    cluster_regions=cluster_regions,
+                    venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
+                )
+            print("\n".join(summary_lines(audit)), file=out, flush=True)
+            documents.append(audit_document(audit))
+            if not audit.success:
+                exit_code = 1
+            elif fail_on_divergence and audit.proven_divergent and exit_code == 0:
+                exit_code = 3
     if json_path is not None:
         document = {
             "landing": landing,

@@ -691,9 +691,7 @@ def run_variant(
     in_process_audits: int = 1,
     bad_lines_per_file: int = 0,
 ) -> VariantFigures:
-    import dagster as dg
-
-    from replica_lens.audit import run_audit
+    from replica_lens.audit import audit_instance, run_audit
     from replica_lens.simulator import simulate
 
     landing = workdir / "landing"
@@ -722,17 +720,18 @@ def run_variant(
 
     # The per-step run, in this process's JVM.
     jobs_before = SparkActivity.read(spark).max_job_id()
-    instance = dg.DagsterInstance.ephemeral()
     wall_start = time.time()
     start = time.perf_counter()
     # Dagster's console log shows warnings only (its event log, which the step figures come from, keeps everything).
     # One step at a time (the process runs use the default): a step's window then holds its own Spark jobs only.
-    audit = run_audit(
-        snapshot_id, str(landing), str(warehouse), instance=instance, log_level=QUIET_LOG_LEVEL,
-        concurrent_steps=SERIAL, **settings,
-    )
-    total = time.perf_counter() - start
-    wall_end = time.time()
+    with audit_instance() as instance:
+        audit = run_audit(
+            snapshot_id, str(landing), str(warehouse), instance=instance, log_level=QUIET_LOG_LEVEL,
+            concurrent_steps=SERIAL, **settings,
+        )
+        total = time.perf_counter() - start
+        wall_end = time.time()
+        step_stats = instance.get_run_step_stats(audit.run_id)
     activity = SparkActivity.read(spark)
 
     figures.audit_seconds = round(total, 2)
@@ -741,7 +740,7 @@ def run_variant(
     figures.success = figures.success and audit.success
     figures.spark = {**asdict(activity.between(wall_start, wall_end)), "complete": activity.complete_after(jobs_before)}
     figures.cpu = sampler.cpu_between(wall_start, wall_end).rounded()
-    for stats in instance.get_run_step_stats(audit.run_id):
+    for stats in step_stats:
         if stats.start_time is None or stats.end_time is None:
             continue
         base = stats.step_key
@@ -776,7 +775,7 @@ def run_variant(
         again = workdir / f"warehouse-{name}-again-{i}"
         start, wall_start = time.perf_counter(), time.time()
         repeated = run_audit(
-            snapshot_id, str(landing), str(again), instance=dg.DagsterInstance.ephemeral(), log_level=QUIET_LOG_LEVEL,
+            snapshot_id, str(landing), str(again), log_level=QUIET_LOG_LEVEL,
             concurrent_steps=SERIAL, **settings,
         )
         figures.repeated_audits.append(

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +46,28 @@ class _Recorder:
 
     def isatty(self) -> bool:
         return False
+
+
+@pytest.fixture()
+def instance_lives(monkeypatch) -> list[dict]:
+    """Each ephemeral Dagster instance made while the test runs: the thread that made it, those that disposed of it."""
+    lives: list[dict] = []
+    make, dispose = dg.DagsterInstance.ephemeral, dg.DagsterInstance.dispose
+
+    def ephemeral(*args, **kwargs):
+        instance = make(*args, **kwargs)
+        lives.append({"instance": instance, "made_on": threading.get_ident(), "disposed_on": []})
+        return instance
+
+    def recorded_dispose(self):
+        for life in lives:
+            if life["instance"] is self:
+                life["disposed_on"].append(threading.get_ident())
+        dispose(self)
+
+    monkeypatch.setattr(dg.DagsterInstance, "ephemeral", staticmethod(ephemeral))
+    monkeypatch.setattr(dg.DagsterInstance, "dispose", recorded_dispose)
+    return lives
 
 
 @pytest.fixture()
@@ -187,10 +210,16 @@ def test_the_cli_audits_prints_a_summary_and_sets_the_exit_code(spark, example_l
 
 
 @pytest.mark.slow
-def test_the_cli_output_at_each_verbosity_and_its_json_document(spark, example_landing, tmp_path, capsys):
+def test_the_cli_output_at_each_verbosity_and_its_json_document(
+    spark, example_landing, tmp_path, capsys, instance_lives, monkeypatch
+):
     # Catches: Dagster's event log (hundreds of DEBUG lines) back at default verbosity, --quiet
     # still printing step lines, --verbose losing the event log, anything but JSON on stdout
     # with --json -, and a JSON document missing or misreporting what the summary says.
+    # And the command's Dagster instance left to the garbage collector: when a step thread of a
+    # later audit collected it, SQLAlchemy printed a traceback in that audit's output ("SQLite
+    # objects created in a thread can only be used in that same thread").
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
     warehouse = tmp_path / "warehouse"
     (example_landing / "half-written").mkdir()
     audit = ["audit", "--landing", str(example_landing), "--warehouse", str(warehouse), "--spark-master", "local[2]"]
@@ -235,3 +264,5 @@ def test_the_cli_output_at_each_verbosity_and_its_json_document(spark, example_l
     assert main([*audit, "--snapshot-id", "two-regions", "--verbose"]) == 0
     out = capsys.readouterr()
     assert "STEP_START" in out.out + out.err
+    # One instance per command, disposed of before it returned, by the thread that made it.
+    assert [(life["disposed_on"] == [life["made_on"]]) for life in instance_lives] == [True] * 3, instance_lives
