@@ -42,11 +42,15 @@ class SnapshotAudit:
 
 
 @contextmanager
-def audit_instance(instance: Optional[dg.DagsterInstance] = None) -> Iterator[dg.DagsterInstance]:
+def audit_instance(
+    instance: Optional[dg.DagsterInstance] = None, *, from_dagster_home: bool = False
+) -> Iterator[dg.DagsterInstance]:
     """The Dagster instance audits record their runs in, disposed of on leaving, on this thread.
 
-    ``instance`` when given (its owner disposes of it); else the instance of ``DAGSTER_HOME``
-    when that is set, or an ephemeral (in-memory) one.
+    ``instance`` when given (its owner disposes of it); else, with ``from_dagster_home`` (the
+    CLI), the instance of ``DAGSTER_HOME`` when that is set, so that the runs show in the UI;
+    else an ephemeral (in-memory) one (``run_audit`` and the benchmark's in-process audits,
+    which must not fill an operator's instance).
 
     Why dispose of it here: an instance holds SQLite connections for its whole life. Left to
     the garbage collector, they are closed on whichever thread happens to collect them, under
@@ -58,7 +62,8 @@ def audit_instance(instance: Optional[dg.DagsterInstance] = None) -> Iterator[dg
     if instance is not None:
         yield instance
         return
-    with (dg.DagsterInstance.get() if _has_dagster_home() else dg.DagsterInstance.ephemeral()) as made:
+    persistent = from_dagster_home and _has_dagster_home()
+    with (dg.DagsterInstance.get() if persistent else dg.DagsterInstance.ephemeral()) as made:
         yield made
 
 
@@ -443,7 +448,7 @@ def audit_snapshots(
             print(f"no complete snapshot in {landing}", file=sys.stderr)
     exit_code = 0
     documents = []
-    with audit_instance() as instance:
+    with audit_instance(from_dagster_home=True) as instance:
         for sid in snapshot_ids:
             if verbosity != "quiet":
                 print(f"auditing snapshot {sid} ...", file=out, flush=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from replica_lens.audit import StepPrinter, run_audit
+from replica_lens.audit import StepPrinter, audit_instance, run_audit
 from replica_lens.cli import main
 from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
@@ -68,6 +68,29 @@ def instance_lives(monkeypatch) -> list[dict]:
     monkeypatch.setattr(dg.DagsterInstance, "ephemeral", staticmethod(ephemeral))
     monkeypatch.setattr(dg.DagsterInstance, "dispose", recorded_dispose)
     return lives
+
+
+def test_only_the_cli_records_its_audits_in_dagster_home_and_every_instance_made_is_disposed_of(
+    tmp_path, monkeypatch
+):
+    # Catches: run_audit or the benchmark's in-process audits filling the operator's DAGSTER_HOME
+    # instance; the CLI ignoring DAGSTER_HOME (its runs would not show in the UI); an instance
+    # made here left to the garbage collector; an instance handed in disposed of under its owner.
+    disposed: list[dg.DagsterInstance] = []
+    dispose = dg.DagsterInstance.dispose
+    monkeypatch.setattr(dg.DagsterInstance, "dispose", lambda self: (disposed.append(self), dispose(self))[1])
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+
+    with audit_instance(from_dagster_home=True) as home:
+        assert home.is_persistent and home.root_directory == str(tmp_path)
+    with audit_instance() as own:
+        assert not own.is_persistent
+    assert disposed == [home, own]
+    with dg.DagsterInstance.ephemeral() as given:
+        with audit_instance(given, from_dagster_home=True) as used:
+            assert used is given
+        assert disposed == [home, own]
+    assert disposed == [home, own, given]
 
 
 @pytest.fixture()
