@@ -52,6 +52,7 @@ import bisect
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -513,6 +514,10 @@ class ProcessRun:
     jvm_cpu_seconds: float = 0.0
     jit_cpu_seconds: float = 0.0
     gc_cpu_seconds: float = 0.0
+    # CPU seconds of the Python process (and of descendants it waited for), from the kernel's
+    # accounting once it was reaped; cpu_seconds = python_cpu_seconds + jvm_cpu_seconds.
+    python_cpu_seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 def _child_env() -> dict[str, str]:
@@ -531,13 +536,21 @@ def _child_env() -> dict[str, str]:
 
 def _time_process(command: list[str]) -> tuple[ProcessRun, str, str]:
     """Run ``command`` to its exit; wall time includes the exit of its JVM (the pipes close then)."""
+    reaped_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_child_env())
     with ProcessSampler(pid=child.pid) as sampler:
         stdout, stderr = child.communicate()
     seconds = time.perf_counter() - start
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # The JVM is not among the reaped children (the Python process does not wait for it): its CPU is sampled.
+    python_cpu = (reaped.ru_utime + reaped.ru_stime) - (reaped_before.ru_utime + reaped_before.ru_stime)
     peak_py, peak_jvm = sampler.peak_bytes()
-    run = ProcessRun(round(seconds, 2), child.returncode, round(peak_py, 1), round(peak_jvm, 1), **sampler.last_cpu().rounded())
+    jvm = sampler.last_cpu().rounded()
+    run = ProcessRun(
+        round(seconds, 2), child.returncode, round(peak_py, 1), round(peak_jvm, 1), **jvm,
+        python_cpu_seconds=round(python_cpu, 2), cpu_seconds=round(python_cpu + jvm["jvm_cpu_seconds"], 2),
+    )
     return run, stdout, stderr
 
 
@@ -627,6 +640,9 @@ class VariantFigures:
     # Audit process / essential pass of each alternated pair, in run order: the headline's spread.
     # On a noisy machine the median ratio moves with either side's median; the pairs show by how much.
     pair_ratios: list[float] = field(default_factory=list)
+    # The same ratio in CPU seconds (medians of each process's Python and JVM CPU): what both sides
+    # computed, which a busy host's stolen time does not inflate the way it does wall time.
+    cpu_ratio: Optional[float] = None
     process_ratio_target: Optional[float] = None
     essential_pass_runs: list[dict] = field(default_factory=list)
     audit_process_runs: list[dict] = field(default_factory=list)
@@ -675,6 +691,9 @@ def _measure_processes(figures: VariantFigures, workdir: Path, landing: Path, sn
             round(audit["seconds"] / essential["seconds"], 2)
             for essential, audit in zip(figures.essential_pass_runs, figures.audit_process_runs)
         ]
+        essential_cpu = _median([r["cpu_seconds"] for r in figures.essential_pass_runs])
+        if essential_cpu:
+            figures.cpu_ratio = round(_median([r["cpu_seconds"] for r in figures.audit_process_runs]) / essential_cpu, 2)
     figures.process_ratio_target = PROCESS_RATIO_TARGETS.get(figures.variant)
 
 
@@ -973,15 +992,16 @@ def print_report(report: dict) -> None:
         print("Whole processes, start to exit (median of %d run(s) each)" % report.get("process_runs", 1))
         print(
             f"  {'variant':<8} {'rows':>10} {'essential pass':>15} {'audit process':>14} {'ratio':>7} {'target':>7}"
-            "  each pair (in run order)"
+            f" {'CPU ratio':>10}  each pair (in run order)"
         )
         for v in processes:
             target = v.get("process_ratio_target")
             pairs = ", ".join(f"{r}x" for r in v.get("pair_ratios", []))
+            cpu = f"{v['cpu_ratio']}x" if v.get("cpu_ratio") is not None else "-"
             print(
                 f"  {v['variant']:<8} {v['version_topic_rows']:>10} {v['essential_pass_seconds']:>13} s "
                 f"{v['audit_process_seconds']:>12} s {v['audit_process_to_essential_pass']:>6}x "
-                f"{'<= ' + str(target) if target else '':>7}  {pairs}"
+                f"{'<= ' + str(target) if target else '':>7} {cpu:>10}  {pairs}"
             )
     for variant in report["variants"]:
         print()
@@ -998,7 +1018,10 @@ def print_report(report: dict) -> None:
                 if "session_seconds" in detail:
                     inner = f" (session {detail['session_seconds']} s, pass {detail['pass_seconds']} s, {detail.get('rows_written')} rows written)"
                 failed = "" if run["exit_code"] == 0 else f" EXIT {run['exit_code']}: {detail.get('stderr_tail', '')[-300:]}"
-                cpu = f"  JVM CPU {run.get('jvm_cpu_seconds', 0)} s (JIT {run.get('jit_cpu_seconds', 0)} s, GC {run.get('gc_cpu_seconds', 0)} s)"
+                cpu = (
+                    f"  JVM CPU {run.get('jvm_cpu_seconds', 0)} s (JIT {run.get('jit_cpu_seconds', 0)} s, "
+                    f"GC {run.get('gc_cpu_seconds', 0)} s), Python CPU {run.get('python_cpu_seconds', 0)} s"
+                )
                 print(f"  {kind:<15} {run['seconds']:>8} s  jvm {run['peak_jvm_mib']:>7} MiB  py {run['peak_python_mib']:>6} MiB{cpu}{inner}{failed}")
         width = max([26] + [len(step["step"]) for step in variant["steps"]])
         print(

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import statistics
 from itertools import combinations
 
 import pytest
@@ -40,7 +41,7 @@ VARIANT_FIELDS = {
     "variant", "version_topic_rows", "floor_seconds", "parse_floor_seconds", "audit_seconds",
     "ratio_to_floor", "ratio_to_parse_floor", "steps", "peak_jvm_mib", "success", "cpu", "repeated_audits",
     "output_floor", "output_write_seconds", "essential_pass_seconds", "audit_process_seconds",
-    "audit_process_to_essential_pass", "pair_ratios",
+    "audit_process_to_essential_pass", "pair_ratios", "cpu_ratio",
 }
 CPU_FIELDS = {"jvm_cpu_seconds", "jit_cpu_seconds", "gc_cpu_seconds"}
 STEP_FIELDS = {"step", "seconds", "rows_in", "rows_out", "peak_python_mib", "peak_jvm_mib", "tables"} | CPU_FIELDS
@@ -189,6 +190,17 @@ def test_the_floors_are_measured_and_the_ratios_follow_from_them(run):
         assert variant["pair_ratios"] == [
             pytest.approx(a["seconds"] / e["seconds"], abs=0.01) for e, a in zip(essential, audit_process)
         ], name
+        # CPU: each process's Python side (reaped) plus its JVM (sampled); both sides start a JVM and
+        # import PySpark, so neither part may be missing. The CPU ratio is of the medians.
+        for r in essential + audit_process:
+            assert r["python_cpu_seconds"] > 0 and r["jvm_cpu_seconds"] > 0, (name, r)
+            assert r["cpu_seconds"] == pytest.approx(r["python_cpu_seconds"] + r["jvm_cpu_seconds"], abs=0.02), name
+        # The audit's Python side (Dagster, the definitions, the steps' plans) outweighs the essential pass's.
+        assert min(r["python_cpu_seconds"] for r in audit_process) > max(r["python_cpu_seconds"] for r in essential), name
+        assert variant["cpu_ratio"] == pytest.approx(
+            statistics.median(r["cpu_seconds"] for r in audit_process)
+            / statistics.median(r["cpu_seconds"] for r in essential), abs=0.01
+        ), name
     uniform, hot = report["variants"]
     assert report["hot_to_uniform"] == pytest.approx(hot["audit_seconds"] / uniform["audit_seconds"], abs=0.01)
 
