@@ -122,25 +122,26 @@ def run_audit(
             if watcher is not None:
                 instance.end_watch_event_logs(run_id, watcher)
                 watcher.finish(instance, run_id)
-        audit = SnapshotAudit(snapshot_id=snapshot_id, success=result.success, run_id=result.run_id)
-        for event in result.get_asset_materialization_events():
-            materialization = event.event_specific_data.materialization
-            audit.metadata[materialization.asset_key.to_user_string()] = {
-                k: _plain(v) for k, v in materialization.metadata.items()
-            }
-        for evaluation in result.get_asset_check_evaluations():
-            if not evaluation.passed:
-                audit.failed_checks.append(f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}")
-        if not result.success:
-            failures = [e for e in result.all_events if e.is_step_failure]
-            if failures:
-                error = failures[0].step_failure_data.error
-                audit.error = f"{failures[0].step_key}: {error.message.strip() if error else 'failed'}"
-            else:
-                # No step failed: the run itself did (interrupted by Ctrl-C or a terminate, say); Dagster says how.
-                run_failure = next((e for e in result.all_events if e.event_type_value == "RUN_FAILURE"), None)
-                audit.error = f"run failed: {run_failure.message}" if run_failure and run_failure.message else "run failed"
-        return audit
+    # The result holds the run's events in memory: reading them needs no instance.
+    audit = SnapshotAudit(snapshot_id=snapshot_id, success=result.success, run_id=result.run_id)
+    for event in result.get_asset_materialization_events():
+        materialization = event.event_specific_data.materialization
+        audit.metadata[materialization.asset_key.to_user_string()] = {
+            k: _plain(v) for k, v in materialization.metadata.items()
+        }
+    for evaluation in result.get_asset_check_evaluations():
+        if not evaluation.passed:
+            audit.failed_checks.append(f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}")
+    if not result.success:
+        failures = [e for e in result.all_events if e.is_step_failure]
+        if failures:
+            error = failures[0].step_failure_data.error
+            audit.error = f"{failures[0].step_key}: {error.message.strip() if error else 'failed'}"
+        else:
+            # No step failed: the run itself did (interrupted by Ctrl-C or a terminate, say); Dagster says how.
+            run_failure = next((e for e in result.all_events if e.event_type_value == "RUN_FAILURE"), None)
+            audit.error = f"run failed: {run_failure.message}" if run_failure and run_failure.message else "run failed"
+    return audit
 
 
 def summary_lines(audit: SnapshotAudit) -> list[str]:
