@@ -49,20 +49,19 @@ class _Recorder:
 
 
 @pytest.fixture()
-def instance_lives(monkeypatch) -> list[dict]:
-    """Each ephemeral Dagster instance made while the test runs: the thread that made it, those that disposed of it."""
-    lives: list[dict] = []
+def instance_lives(monkeypatch) -> dict[str, list]:
+    """Dagster instances while the test runs: the ephemeral ones made ("made": instance, thread) and
+    every disposal ("disposed": instance, thread)."""
+    lives: dict[str, list] = {"made": [], "disposed": []}
     make, dispose = dg.DagsterInstance.ephemeral, dg.DagsterInstance.dispose
 
     def ephemeral(*args, **kwargs):
         instance = make(*args, **kwargs)
-        lives.append({"instance": instance, "made_on": threading.get_ident(), "disposed_on": []})
+        lives["made"].append((instance, threading.get_ident()))
         return instance
 
     def recorded_dispose(self):
-        for life in lives:
-            if life["instance"] is self:
-                life["disposed_on"].append(threading.get_ident())
+        lives["disposed"].append((self, threading.get_ident()))
         dispose(self)
 
     monkeypatch.setattr(dg.DagsterInstance, "ephemeral", staticmethod(ephemeral))
@@ -71,26 +70,26 @@ def instance_lives(monkeypatch) -> list[dict]:
 
 
 def test_only_the_cli_records_its_audits_in_dagster_home_and_every_instance_made_is_disposed_of(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, instance_lives
 ):
     # Catches: run_audit or the benchmark's in-process audits filling the operator's DAGSTER_HOME
     # instance; the CLI ignoring DAGSTER_HOME (its runs would not show in the UI); an instance
     # made here left to the garbage collector; an instance handed in disposed of under its owner.
-    disposed: list[dg.DagsterInstance] = []
-    dispose = dg.DagsterInstance.dispose
-    monkeypatch.setattr(dg.DagsterInstance, "dispose", lambda self: (disposed.append(self), dispose(self))[1])
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+
+    def disposed():
+        return [instance for instance, _ in instance_lives["disposed"]]
 
     with audit_instance(from_dagster_home=True) as home:
         assert home.is_persistent and home.root_directory == str(tmp_path)
     with audit_instance() as own:
         assert not own.is_persistent
-    assert disposed == [home, own]
+    assert disposed() == [home, own]
     with dg.DagsterInstance.ephemeral() as given:
         with audit_instance(given, from_dagster_home=True) as used:
             assert used is given
-        assert disposed == [home, own]
-    assert disposed == [home, own, given]
+        assert disposed() == [home, own]
+    assert disposed() == [home, own, given]
 
 
 @pytest.fixture()
@@ -288,4 +287,8 @@ def test_the_cli_output_at_each_verbosity_and_its_json_document(
     out = capsys.readouterr()
     assert "STEP_START" in out.out + out.err
     # One instance per command, disposed of before it returned, by the thread that made it.
-    assert [(life["disposed_on"] == [life["made_on"]]) for life in instance_lives] == [True] * 3, instance_lives
+    made, disposals = instance_lives["made"], instance_lives["disposed"]
+    assert len(made) == 3, made
+    assert sorted((id(i), thread) for i, thread in made) == sorted((id(i), thread) for i, thread in disposals), (
+        instance_lives
+    )
