@@ -36,10 +36,17 @@ TABLES = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: all held open while chosen, so the kernel cannot hand out one twice
+    (a worker's UI on the master UI's port answered its JSON query with HTML, a flaky setup error)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def _daemon(args: list[str], log: Path, env: dict) -> subprocess.Popen:
@@ -81,14 +88,14 @@ def standalone_cluster(tmp_path_factory):
         "SPARK_DAEMON_MEMORY": "512m",
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
-    port, web_port = _free_port(), _free_port()
+    port, web_port, worker_web_port = _free_ports(3)
     url = f"spark://127.0.0.1:{port}"
     master = _daemon(
         ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(web_port)],
         base / "logs" / "master.out", env,
     )
     worker = _daemon(
-        ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--webui-port", str(_free_port()),
+        ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--webui-port", str(worker_web_port),
          "--work-dir", str(base / "work"), "--cores", "2", "--memory", "3g"],
         base / "logs" / "worker.out", env,
     )
