@@ -644,6 +644,11 @@ class VariantFigures:
     # computed, which a busy host's stolen time does not inflate the way it does wall time.
     cpu_ratio: Optional[float] = None
     process_ratio_target: Optional[float] = None
+    # The most CPU an audit process within its target could use: target x the essential pass's
+    # seconds x the machine's cores, every core busy all along. A repeated audit (a JVM that has
+    # loaded and compiled everything, --in-process-audits 2) that uses about as much shows that
+    # the target needs less work, not faster work (docs/performance.md, "Where it stands").
+    target_cpu_budget_seconds: Optional[float] = None
     essential_pass_runs: list[dict] = field(default_factory=list)
     audit_process_runs: list[dict] = field(default_factory=list)
     # Spark over the whole in-process audit (steps and Dagster's work between them);
@@ -695,6 +700,15 @@ def _measure_processes(figures: VariantFigures, workdir: Path, landing: Path, sn
         if essential_cpu:
             figures.cpu_ratio = round(_median([r["cpu_seconds"] for r in figures.audit_process_runs]) / essential_cpu, 2)
     figures.process_ratio_target = PROCESS_RATIO_TARGETS.get(figures.variant)
+    if figures.process_ratio_target and figures.essential_pass_seconds:
+        figures.target_cpu_budget_seconds = round(
+            figures.process_ratio_target * figures.essential_pass_seconds * _cores(), 2
+        )
+
+
+def _cores() -> int:
+    """The machine's cores, as the report's ``machine.cpus`` gives them."""
+    return os.cpu_count() or 1
 
 
 def run_variant(
@@ -891,7 +905,7 @@ def benchmark(
                             keep=keep, in_process_audits=in_process_audits, bad_lines_per_file=spec.bad_lines_per_file)
             )
     report = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "spark": spark.version},
+        "machine": {"cpus": _cores(), "python": platform.python_version(), "spark": spark.version},
         "commit": _commit(),
         "requested_rows": rows,
         "process_runs": process_runs,
@@ -1067,6 +1081,16 @@ def print_report(report: dict) -> None:
                 f"  the same audit again in this JVM: {again['seconds']} s{'' if again['success'] else ' (RUN FAILED)'}, "
                 f"JVM CPU {again['jvm_cpu_seconds']} s, of which JIT compilers {again['jit_cpu_seconds']} s, "
                 f"garbage collector {again['gc_cpu_seconds']} s"
+            )
+        budget = variant.get("target_cpu_budget_seconds")
+        if budget:
+            warm = variant.get("repeated_audits") or []
+            used = (f"; the same audit again in this JVM used {warm[0]['jvm_cpu_seconds']} s of JVM CPU "
+                    f"({round(100 * warm[0]['jvm_cpu_seconds'] / budget)}% of it)") if warm else ""
+            print(
+                f"  CPU an audit process within the {variant['process_ratio_target']}x target could use: {budget} s "
+                f"({variant['process_ratio_target']} x essential pass {variant['essential_pass_seconds']} s x "
+                f"{report['machine']['cpus']} cores){used}"
             )
     if "hot_to_uniform" in report:
         print()

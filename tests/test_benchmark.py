@@ -26,7 +26,7 @@ from dagster import AssetKey
 import replica_lens.simulator as simulator
 from pipelines.ingest import judge_rows, read_snapshot_lines
 from replica_lens.benchmark import CLOCK_TICKS, LARGE_SCALE, OUTPUT_FLOOR_TABLES, STEP_INPUTS, VARIANTS as BENCH_VARIANTS, \
-    JvmCpu, JvmThreads, ProcessSampler, add_bad_lines, benchmark, scaling_ratios
+    JvmCpu, JvmThreads, ProcessSampler, add_bad_lines, benchmark, print_report, scaling_ratios
 from replica_lens.definitions import defs
 from replica_lens.jobs import AUDIT_JOB
 
@@ -41,7 +41,7 @@ VARIANT_FIELDS = {
     "variant", "version_topic_rows", "floor_seconds", "parse_floor_seconds", "audit_seconds",
     "ratio_to_floor", "ratio_to_parse_floor", "steps", "peak_jvm_mib", "success", "cpu", "repeated_audits",
     "output_floor", "output_write_seconds", "essential_pass_seconds", "audit_process_seconds",
-    "audit_process_to_essential_pass", "pair_ratios", "cpu_ratio",
+    "audit_process_to_essential_pass", "pair_ratios", "cpu_ratio", "target_cpu_budget_seconds",
 }
 CPU_FIELDS = {"jvm_cpu_seconds", "jit_cpu_seconds", "gc_cpu_seconds"}
 STEP_FIELDS = {"step", "seconds", "rows_in", "rows_out", "peak_python_mib", "peak_jvm_mib", "tables"} | CPU_FIELDS
@@ -201,6 +201,14 @@ def test_the_floors_are_measured_and_the_ratios_follow_from_them(run):
             statistics.median(r["cpu_seconds"] for r in audit_process)
             / statistics.median(r["cpu_seconds"] for r in essential), abs=0.01
         ), name
+        # The CPU a process within the target could use: target x the essential pass x every core.
+        target = variant["process_ratio_target"]
+        if target is None:
+            assert variant["target_cpu_budget_seconds"] is None, name
+        else:
+            assert variant["target_cpu_budget_seconds"] == pytest.approx(
+                target * variant["essential_pass_seconds"] * report["machine"]["cpus"], abs=0.01
+            ), name
     uniform, hot = report["variants"]
     assert report["hot_to_uniform"] == pytest.approx(hot["audit_seconds"] / uniform["audit_seconds"], abs=0.01)
 
@@ -306,6 +314,21 @@ def test_the_audit_is_repeated_in_the_same_jvm_when_asked(run):
         assert again["success"] is True, (name, again)
         assert again["seconds"] > 0 and again["jvm_cpu_seconds"] > 0, (name, again)
         _consistent_cpu(again, again["seconds"], (name, "repeated"))
+
+
+def test_the_report_prints_the_target_cpu_budget_beside_the_warm_audit_s_cpu(run, capsys):
+    """The printed report puts a target's CPU budget next to what the audit costs in a warm JVM."""
+    report, _, _ = run
+    print_report(report)
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines() if "target could use" in line]
+    budgeted = [v for v in report["variants"] if v["target_cpu_budget_seconds"]]
+    assert budgeted and len(lines) == len(budgeted), (lines, [v["variant"] for v in budgeted])
+    for line, variant in zip(lines, budgeted):
+        warm = variant["repeated_audits"][0]["jvm_cpu_seconds"]
+        budget = variant["target_cpu_budget_seconds"]
+        assert line.startswith(f"CPU an audit process within the {variant['process_ratio_target']}x target could use: "
+                               f"{budget} s"), line
+        assert f"used {warm} s of JVM CPU ({round(100 * warm / budget)}% of it)" in line, line
 
 
 def test_the_output_floor_rewrites_each_per_row_table_the_audit_wrote(run):
