@@ -1,6 +1,7 @@
 """Stage 2 and 3: heartbeat-annotated segments and reconstructed watermarks (SPEC 2, 3)."""
 
 import dagster as dg
+from pyspark.sql import functions as F
 
 from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.tables import StepTables, read_stage, schema_check_spec
@@ -77,15 +78,48 @@ def reconstructed_watermarks(context: dg.AssetExecutionContext, spark: SparkReso
         # The few partition rows first, from the segments' summary (not from every row again): P and L(end) of every
         # data row are then read from them.
         summary = read_stage(session, store, "heartbeat_segment_summary", snapshot_id)
-        # Their regions (what partition_regions would collect) are observed by the same write.
+        # Their regions (what partition_regions would collect) and whether any dump has a gap are observed by the
+        # same write.
         tables.stage(
             partition_watermarks(summary), "partition_watermarks",
-            observe={"regions": universe(vector_columns=PARTITION_VECTORS)},
+            observe={"regions": universe(vector_columns=PARTITION_VECTORS), **gap_observations()},
         )
+        observed = tables.observed("partition_watermarks")
+        tables.add_metadata("partition_watermarks", gap_metadata(observed))
         tables.stage(
             reconstruct_watermarks(
-                annotated, tables.frame("partition_watermarks"), tables.observed("partition_watermarks")["regions"]
+                annotated, tables.frame("partition_watermarks"), observed["regions"], gaps=bool(observed["gaps"]),
             ),
             "reconstructed_watermarks",
         )
         yield from tables.publish()
+
+
+MAX_LISTED_GAPS = 20
+
+
+def gap_observations() -> dict:
+    """Aggregates of ``partition_watermarks`` for its metadata: the gaps of every dump, and which dumps have any."""
+    has = F.col("gaps") > 0
+    listed = F.struct(
+        F.concat_ws("/", "replica", "topic", F.col("partition").cast("string")).alias("dump"),
+        "gaps", "gap_positions", "first_gap_offset", "last_gap_offset",
+    )
+    return {
+        "gaps": F.coalesce(F.sum("gaps"), F.lit(0)),
+        "gap_positions": F.coalesce(F.sum("gap_positions"), F.lit(0)),
+        "dumps_with_gaps": F.count_if(has),
+        "gapped": F.slice(F.array_sort(F.collect_list(F.when(has, listed))), 1, MAX_LISTED_GAPS),
+    }
+
+
+def gap_metadata(observed: dict) -> dict:
+    """What an operator reads on the materialization: where proofs rest on a dump with gaps (SPEC 3a)."""
+    listed = [{k: row[k] for k in ("dump", "gaps", "gap_positions", "first_gap_offset", "last_gap_offset")}
+              for row in observed["gapped"] or []]
+    return {
+        "gaps": int(observed["gaps"]),
+        "gap_positions": int(observed["gap_positions"]),
+        "dumps_with_gaps": int(observed["dumps_with_gaps"]),
+        "dumps_with_gaps_listed": dg.MetadataValue.json(listed),
+    }

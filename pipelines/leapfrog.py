@@ -91,6 +91,7 @@ from pipelines.frames import computed_once
 from pipelines.state import LAST_VERSION_COLUMNS
 from pipelines.vectors import MISSING, dense, sparse
 from schemas.conform import conform, local_batches, local_frame
+from schemas.raw import VECTOR
 from schemas.divergence import DivergenceReports, DivergenceSummary
 from schemas.state import ReplicaState
 
@@ -168,7 +169,8 @@ class PairPlan:
     part_id: int
     replica_ids: tuple[int, int]  # (A, B)
     sop: tuple[bool, bool]  # the dump starts with START_OF_PUSH: ⊥ is a version
-    end: tuple[tuple[int, ...], tuple[int, ...]]  # L(end), dense: the reach of ⊥ for a key never written
+    # The reach of ⊥ for a key never written, dense: L(end), or L at the first gap when the dump has gaps (SPEC 3a).
+    end: tuple[tuple[int, ...], tuple[int, ...]]
 
 
 # The columns of a key's last version in one replica that the replica state keeps, typed as its schema types them.
@@ -182,15 +184,21 @@ def compare_columns(regions: int) -> T.StructType:
 
     Per (pair, key), ``pair_id`` set: counts, last rows, and the witness when proven. Per
     (topic partition, key, replica), ``pair_id`` null: the key's last version there
-    (``last_*``), ``L`` of its first row (``first_lower_{r}``) and its highest source offset
-    per region (``touched_{r}``), dense, ``-1`` missing: what the replica state keeps per key.
+    (``last_*``; ``last_touch_{r}``, ``last_reach_{r}``: its ``U`` and ``M``, ``U`` known when
+    ``last_known``; ``last_missing``: positions missing before it), the reach of ⊥
+    (``first_lower_{r}``: ``L`` of its first row, or ``L`` at the first gap before that row) and
+    its highest source offset per region (``touched_{r}``), dense, ``-1`` missing: what the
+    replica state keeps per key.
     """
     longs = ["rows_a", "rows_b", "last_offset_a", "last_offset_b", "witness_offset_a", "witness_offset_b"]
     strings = ["key", "last_hash_a", "last_hash_b", "witness_hash_a", "witness_hash_b"]
     vectors = [f"{v}_{s}_{r}" for s in SIDES for v in ("touch", "reach") for r in range(regions)]
     per_replica = [T.StructField("part_id", T.LongType()), T.StructField("replica_id", T.LongType())] + [
         T.StructField(f"last_{name}", data_type) for name, data_type in LAST_VERSION
-    ] + [T.StructField(f"{v}_{r}", T.LongType()) for v in ("first_lower", "touched") for r in range(regions)]
+    ] + [T.StructField("last_known", T.BooleanType()), T.StructField("last_missing", T.LongType())] + [
+        T.StructField(f"{v}_{r}", T.LongType())
+        for v in ("first_lower", "touched", "last_touch", "last_reach") for r in range(regions)
+    ]
     return T.StructType(
         [T.StructField("pair_id", T.LongType()), T.StructField("proven", T.BooleanType())]
         + [T.StructField(c, T.StringType()) for c in strings]
@@ -216,6 +224,7 @@ class _Rows:
         self.token = tokens.indices.to_numpy()[order]
         self.token_names = tokens.dictionary
         self.known = table["known"].to_numpy(zero_copy_only=False)[order]
+        self.missing = table["missing"].to_numpy()[order]
         self.u = [table[f"u_{r}"].to_numpy()[order] for r in range(regions)]
         self.m = [table[f"m_{r}"].to_numpy()[order] for r in range(regions)]
         self.l = [table[f"l_{r}"].to_numpy()[order] for r in range(regions)]
@@ -251,8 +260,12 @@ def _last_versions(rows: _Rows, region_names: Sequence[str], schema: pa.Schema) 
         "last_value_hash": rows.token_names.take(pa.array(rows.token[last])),
         **{f"last_{name}": rows.table[name].take(in_table).combine_chunks() for name in _PAYLOAD},
     }
+    columns["last_known"] = pa.array(rows.known[last])
+    columns["last_missing"] = pa.array(rows.missing[last])
     for r, l_r in enumerate(rows.l):
         columns[f"first_lower_{r}"] = pa.array(l_r[first])
+        columns[f"last_touch_{r}"] = pa.array(rows.u[r][last])
+        columns[f"last_reach_{r}"] = pa.array(rows.m[r][last])
     # The highest source offset per region: each row's offset under its region's column, -1 elsewhere.
     regions = pc.dictionary_encode(rows.table["source_region"]).combine_chunks()
     index_of = {name: r for r, name in enumerate(region_names)}
@@ -328,7 +341,8 @@ def _compare_pair(rows: _Rows, plan: PairPlan, schema: pa.Schema) -> pa.RecordBa
         data_rows[at] = rows.end[side_groups] - rows.first[side_groups]
         first_row = np.full(count, -1)
         first_row[at] = rows.first[side_groups]
-        # ⊥'s reach: L of the key's first row, or L(end) when the replica never writes the key.
+        # ⊥'s reach: ``l`` of the key's first row (its L, or L at the first gap when one lies before it), or the
+        # plan's ``end`` when the replica never writes the key.
         bottom_reach = [np.where(first_row >= 0, l_r[np.maximum(first_row, 0)], end[r]) for r, l_r in enumerate(rows.l)]
         sides.append({"side": side, "rows_in": member, "rows": data_rows, "first": first_row,
                       "sop": int(sop), "bottom_reach": bottom_reach})
@@ -373,7 +387,8 @@ def compare_keys(
     """Steps 1-5 for every pair and key of one Spark partition (all rows of a key in a topic partition are here).
 
     Input rows: every data row, ``part_id, replica_id, key, offset, token, known`` (``U``
-    known), dense ``u_r``, ``m_r``, ``l_r`` (``U``, ``M``, ``L``; one column per region of
+    known), ``missing`` (positions missing before the row in its dump), dense ``u_r``, ``m_r``, ``l_r`` (``U``, ``M``, and the reach ⊥ would have if the row were its
+    key's first: ``L``, or ``L`` at the dump's first gap when a gap lies before the row; one column per region of
     ``region_names``) and the columns of ``_PAYLOAD``. Output: ``compare_columns``, one row
     per (pair, key) either replica of the pair holds here, and one per (key, replica) with
     the key's last version there (for the replica state).
@@ -409,14 +424,23 @@ class ComparisonLayout:
     """The replica partitions (a handful of rows, on the driver): regions, ids, and the pairs."""
 
     regions: list[str]
-    replica_partitions: list[tuple]  # (snapshot_id, replica, topic, partition, part_id, replica_id)
+    # (snapshot_id, replica, topic, partition, part_id, replica_id, first_gap_lower_bound)
+    replica_partitions: list[tuple]
     pairs: list[tuple]  # (*PAIR, pair_id, sop_a, sop_b)
     plans: list[PairPlan]
 
 
+def _bottom_end(dump) -> dict:
+    """The reach of ⊥ of a key the replica never writes: L(end), or L at the dump's first gap (SPEC 3a)."""
+    gap = dump["first_gap_lower_bound"]
+    return gap if gap is not None else dump["end_lower_bound"]
+
+
 def comparison_layout(partition_wm: DataFrame) -> ComparisonLayout:
     """Every pair of replicas holding the same topic partition, from one collect of ``partition_wm``."""
-    dumps = partition_wm.select(*REPLICA_PARTITION, "starts_with_sop", "end_lower_bound", "pre_history_bound").collect()
+    dumps = partition_wm.select(
+        *REPLICA_PARTITION, "starts_with_sop", "end_lower_bound", "pre_history_bound", "first_gap_lower_bound"
+    ).collect()
     # Every region some U can name: the keys of L(end) and P (a superset is safe: a region no
     # vector names compares -1 <= anything).
     regions = sorted({r for d in dumps for v in (d["end_lower_bound"], d["pre_history_bound"]) if v for r in v})
@@ -427,7 +451,9 @@ def comparison_layout(partition_wm: DataFrame) -> ComparisonLayout:
     for part_id, (part, members) in enumerate(sorted(by_part.items())):
         members.sort(key=lambda d: d["replica"])
         for replica_id, dump in enumerate(members):
-            replica_partitions.append((*(dump[c] for c in REPLICA_PARTITION), part_id, replica_id))
+            replica_partitions.append(
+                (*(dump[c] for c in REPLICA_PARTITION), part_id, replica_id, dump["first_gap_lower_bound"])
+            )
         for i, a in enumerate(members):
             for j in range(i + 1, len(members)):
                 b = members[j]
@@ -436,7 +462,7 @@ def comparison_layout(partition_wm: DataFrame) -> ComparisonLayout:
                 plans.append(PairPlan(
                     pair_id=pair_id, part_id=part_id, replica_ids=(i, j),
                     sop=(a["starts_with_sop"], b["starts_with_sop"]),
-                    end=tuple(tuple(d["end_lower_bound"].get(r, MISSING) for r in regions) for d in (a, b)),
+                    end=tuple(tuple(_bottom_end(d).get(r, MISSING) for r in regions) for d in (a, b)),
                 ))
     return ComparisonLayout(regions, replica_partitions, pairs, plans)
 
@@ -445,6 +471,7 @@ _REPLICA_PARTITION_IDS = T.StructType([
     T.StructField("snapshot_id", T.StringType()), T.StructField("replica", T.StringType()),
     T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
     T.StructField("part_id", T.IntegerType()), T.StructField("replica_id", T.IntegerType()),
+    T.StructField("first_gap_lower_bound", VECTOR),
 ])
 _PAIRS = T.StructType([
     T.StructField("snapshot_id", T.StringType()), T.StructField("topic", T.StringType()),
@@ -467,13 +494,18 @@ def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFram
     its output a local relation; no exchange, and no Python worker to start.
     """
     regions = layout.regions
+    # ⊥'s reach stops at the dump's first gap (SPEC 3a): a row after it gives that gap's L, not its own.
+    bottom_reach = F.when(
+        (F.col("missing_before") == 0) | F.col("first_gap_lower_bound").isNull(), F.col("applied_lower_bound")
+    ).otherwise(F.col("first_gap_lower_bound"))
     dense_of = {"u": dense(F.col("touch_bound"), regions), "m": dense(F.col("reach"), regions),
-                "l": dense(F.col("applied_lower_bound"), regions)}
+                "l": dense(bottom_reach, regions)}
     flat = row_watermarks.join(F.broadcast(ids), on=list(REPLICA_PARTITION), how="inner").select(
         "part_id", "replica_id", "key", "offset", F.col("value_hash").alias("token"),
-        F.col("touch_bound").isNotNull().alias("known"), *[dense_of[v].alias(v) for v in dense_of], *_PAYLOAD,
+        F.col("touch_bound").isNotNull().alias("known"), F.col("missing_before").alias("missing"),
+        *[dense_of[v].alias(v) for v in dense_of], *_PAYLOAD,
     ).select(
-        "part_id", "replica_id", "key", "offset", "token", "known",
+        "part_id", "replica_id", "key", "offset", "token", "known", "missing",
         *[F.coalesce(F.col(v)[r], F.lit(MISSING).cast(T.LongType())).alias(f"{v}_{r}")
           for v in dense_of for r in range(len(regions))],
         *_PAYLOAD,
@@ -559,8 +591,9 @@ class Comparison:
     """What the pass gives: ``divergence_reports``, ``divergence_summary``, and every key's last version per replica.
 
     ``last_versions``: one row per (snapshot, replica, topic, partition, key) with the last
-    version's ``LAST_VERSION`` columns, ``first_lower_bound`` (``L`` of the key's first row)
-    and ``touched`` (the highest ``source_offset`` per region of the key's rows), which
+    version's ``LAST_VERSION`` columns, its ``touch_bound``, ``reach`` and ``missing_before``,
+    ``first_lower_bound`` (the reach of ⊥: ``L`` of the key's first row, or ``L`` at the first
+    gap before it) and ``touched`` (the highest ``source_offset`` per region of the key's rows), which
     ``pipelines.state.next_state`` turns into the replica state.
     """
 
@@ -597,6 +630,10 @@ def compare(
         *REPLICA_PARTITION, "key", *[F.col(f"last_{name}").alias(name) for name, _ in LAST_VERSION],
         sparse([F.col(f"first_lower_{r}") for r in range(len(regions))], regions).alias("first_lower_bound"),
         sparse([F.col(f"touched_{r}") for r in range(len(regions))], regions).alias("touched"),
+        F.when(F.col("last_known"), sparse([F.col(f"last_touch_{r}") for r in range(len(regions))], regions))
+        .alias("touch_bound"),
+        sparse([F.col(f"last_reach_{r}") for r in range(len(regions))], regions).alias("reach"),
+        F.col("last_missing").alias("missing_before"),
     )
     return Comparison(
         reports=conform(reports, DivergenceReports.to_structtype()),

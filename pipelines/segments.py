@@ -10,6 +10,15 @@ Each row also carries its *contribution* to what the replica is known to have ap
 none; a data row's ``{source_region: source_offset}``; nothing for START_OF_PUSH) and
 ``L(p)``, the componentwise max of the contributions strictly before it, so that the
 later stages reuse both instead of sorting the stream again.
+
+Gaps (SPEC 3a) are found by the same ordering: the offsets of a version topic are
+contiguous, so positions between two consecutive positions read that hold nothing are a
+gap (compaction, a quarantined or lost record). Every row carries ``gap_before``, the
+positions missing right before it, and ``missing_before``, the positions missing before it
+in the whole dump. ``missing_before`` only grows, and it grows exactly at a gap: a gap lies
+between two rows exactly when their ``missing_before`` differ, which is all the later
+stages ask. Positions read that hold no row (raw Venice records skipped by rule) are not
+gaps: ``annotate_segments`` takes them as ``read_positions`` and orders them with the rows.
 """
 from __future__ import annotations
 
@@ -59,14 +68,34 @@ def _resolved_ts(regions: list[str], upto: Window) -> Column:
     return latest[0] if len(latest) == 1 else F.least(*latest)
 
 
-def annotate_segments(raw: DataFrame) -> DataFrame:
-    """Every version-topic row with its segment, opening heartbeat, baseline, contribution and ``L(p)``."""
+def _with_read_positions(rows: DataFrame, read_positions: DataFrame | None) -> DataFrame:
+    """``rows`` and, as rows of kind null, the positions read that hold no row (ordered with them, then dropped)."""
+    if read_positions is None:
+        return rows
+    markers = read_positions.select(
+        *PARTITION_KEYS, "offset", *[F.lit(None).cast(f.dataType).alias(f.name) for f in rows.schema.fields
+                                     if f.name not in (*PARTITION_KEYS, "offset")]
+    )
+    return rows.unionByName(markers.select(*rows.columns))
+
+
+def annotate_segments(raw: DataFrame, read_positions: DataFrame | None = None) -> DataFrame:
+    """Every version-topic row with its segment, opening heartbeat, baseline, contribution, ``L(p)`` and gaps.
+
+    ``read_positions``: (``snapshot_id``, ``replica``, ``topic``, ``partition``, ``offset``) of
+    positions read that hold no row of the dump (records skipped by rule): they close gaps
+    and are not rows.
+    """
     rows = raw.where(F.col("kind") != "EXPORTER_POSITION").withColumn("contribution", contribution())
     # Every region a contribution can name: each row's source region and each heartbeat vector's keys.
     regions = region_universe(rows, region_columns=["source_region"], vector_columns=["hb_vector"])
     upto = _by_offset().rowsBetween(Window.unboundedPreceding, Window.currentRow)
     before = _by_offset().rowsBetween(Window.unboundedPreceding, -1)
-    annotated = rows.select(
+    # Positions between the dump's first position and this row that were not read; all in the window's one sort.
+    first_position = F.min("offset").over(upto)
+    missing_before = F.col("offset") - first_position - (F.row_number().over(_by_offset()) - 1)
+    previous = F.lag("offset", 1).over(_by_offset())
+    annotated = _with_read_positions(rows, read_positions).select(
         "*",
         F.sum((F.col("kind") == "HEARTBEAT").cast(T.LongType())).over(upto).alias("segment"),
         _last_at_heartbeat(F.col("offset"), upto).alias("opening_offset"),
@@ -75,7 +104,11 @@ def annotate_segments(raw: DataFrame) -> DataFrame:
         _last_at_heartbeat(F.col("applied_ts_max_ms"), upto).alias("opening_applied_ts_max_ms"),
         running_max(F.col("contribution"), regions, before).alias("applied_lower_bound"),
         _resolved_ts(regions, upto).alias("resolved_ts_ms"),
+        F.coalesce(F.col("offset") - previous - 1, F.lit(0)).cast(T.LongType()).alias("gap_before"),
+        missing_before.cast(T.LongType()).alias("missing_before"),
     )
+    if read_positions is not None:
+        annotated = annotated.where(F.col("kind").isNotNull())
     return conform(annotated, HeartbeatSegments.to_structtype())
 
 
@@ -121,5 +154,36 @@ def summarize_segments(annotated: DataFrame) -> DataFrame:
         F.max("opening_applied_ts_min_ms").alias("opening_applied_ts_min_ms"),
         F.max("opening_applied_ts_max_ms").alias("opening_applied_ts_max_ms"),
         F.max("resolved_ts_ms").alias("resolved_ts_ms"),
+        *gap_aggregates(F.col("gap_before"), F.col("offset"), F.col("applied_lower_bound")),
     )
     return conform(summary, HeartbeatSegmentSummary.to_structtype())
+
+
+def gap_aggregates(gap_before: Column, offset: Column, lower_bound: Column) -> list[Column]:
+    """Aggregates over rows: their gaps (how many, positions missing, first and last position missing) and ``L(g)``.
+
+    ``L(g)`` of the first row after the first gap (``first_gap_lower_bound``) is where the
+    reach of a version before that gap stops (SPEC 3a). Over segment rows or over segment
+    summaries alike: a summary's columns have these meanings per segment, and the partition's
+    are their sums, least and greatest (``summary_gap_aggregates``).
+    """
+    at_gap = gap_before > 0
+    return [
+        F.count_if(at_gap).cast(T.LongType()).alias("gaps"),
+        F.sum(gap_before).cast(T.LongType()).alias("gap_positions"),
+        F.min(F.when(at_gap, offset - gap_before)).alias("first_gap_offset"),
+        F.max(F.when(at_gap, offset - 1)).alias("last_gap_offset"),
+        # min_by skips rows whose ordering value is null: only the rows after a gap compete.
+        F.min_by(lower_bound, F.when(at_gap, offset)).alias("first_gap_lower_bound"),
+    ]
+
+
+def summary_gap_aggregates() -> list[Column]:
+    """``gap_aggregates`` of a replica partition, over its segments' summaries."""
+    return [
+        F.sum("gaps").cast(T.LongType()).alias("gaps"),
+        F.sum("gap_positions").cast(T.LongType()).alias("gap_positions"),
+        F.min("first_gap_offset").alias("first_gap_offset"),
+        F.max("last_gap_offset").alias("last_gap_offset"),
+        F.min_by("first_gap_lower_bound", "first_gap_offset").alias("first_gap_lower_bound"),
+    ]

@@ -134,10 +134,12 @@ from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 VERSION = "VERSION"
 CONTEXT = "CONTEXT"
 REPLICA_PARTITION = ("replica", "topic", "partition")
-VECTOR_COLUMNS = ("key_touch", "first_lower_bound")
+VECTOR_COLUMNS = ("key_touch", "first_lower_bound", "touch_bound", "reach")
 # What a VERSION row keeps of its key's last data row (the comparison's pass returns them too: pipelines/leapfrog.py).
 LAST_VERSION_COLUMNS = ("offset", "kind", "value", "value_hash", "source_region", "source_offset", "write_ts")
-VERSION_COLUMNS = ("key", *LAST_VERSION_COLUMNS, "key_touch", "first_lower_bound", "origin_snapshot_id")
+# Spark's xxhash64 skips null inputs: a state written before a column existed keeps its checksum.
+VERSION_COLUMNS = ("key", *LAST_VERSION_COLUMNS, "key_touch", "first_lower_bound", "origin_snapshot_id",
+                   "touch_bound", "reach", "missing_before")
 MAX_LISTED = 20
 PROBLEMS = ("DUPLICATE_CONTEXT", "STATE_ROWS", "STATE_CHECKSUM")
 
@@ -596,13 +598,27 @@ def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame) -> DataFram
         F.col("starts_with_sop").alias("prior_sop"),
         F.col("end_lower_bound").alias("prior_end"),
         F.col("last_offset").alias("prior_last_offset"),
+        F.coalesce(F.col("gap_positions"), F.lit(0).cast(T.LongType())).alias("prior_gap_positions"),
+        F.col("first_gap_lower_bound").alias("prior_first_gap"),
     )
     # A stream whose P is still unknown takes the first heartbeat vector it meets: S's own P.
     pre_history = F.coalesce(F.col("prior_pre_history"), F.col("pre_history_bound"))
-    return partition_wm.join(ctx, on=list(REPLICA_PARTITION), how="inner").select(
+    # S starting past the state's last offset leaves a gap between them (SPEC 3a); a verified overlap none.
+    start_gap = F.greatest(F.col("first_offset") - F.col("prior_last_offset") - 1, F.lit(0).cast(T.LongType()))
+    joined = partition_wm.join(ctx, on=list(REPLICA_PARTITION), how="inner").withColumn("start_gap", start_gap)
+    # The stream's first gap: in an earlier dump, between the state and S (L there is the state's L(end)), or in S.
+    first_gap = F.coalesce(
+        F.col("prior_first_gap"),
+        F.when(F.col("start_gap") > 0, F.col("prior_end")),
+        F.when(F.col("first_gap_lower_bound").isNotNull(),
+               vector_max(F.col("prior_end"), F.col("first_gap_lower_bound"))),
+    )
+    return joined.select(
         "*",
         pre_history.alias("stream_pre_history"),
         vector_max(F.col("prior_end"), F.col("end_lower_bound")).alias("stream_end"),
+        (F.col("prior_gap_positions") + F.col("start_gap")).alias("missing_before_snapshot"),
+        first_gap.alias("stream_first_gap"),
     )
 
 
@@ -621,13 +637,18 @@ def carry_over(
     facts = _stream_facts(partition_wm, prior_context)
     stream = facts.select(
         "snapshot_id", *rp, "previous_snapshot_id", "prior_end", "prior_last_offset", "stream_pre_history",
-        "stream_end",
+        "stream_end", "start_gap", "prior_gap_positions", "missing_before_snapshot",
+        F.col("first_gap_lower_bound").alias("snapshot_first_gap"),
     )
     stream_wide = {
         "starts_with_sop": F.col("prior_sop"),
         "pre_history_bound": F.col("stream_pre_history"),
         "pre_history_known": F.col("stream_pre_history").isNotNull(),
         "end_lower_bound": F.col("stream_end"),
+        # The stream's gaps: S's own, the one before S, and (as positions) the earlier dumps'.
+        "gaps": F.col("gaps") + (F.col("start_gap") > 0).cast(T.LongType()),
+        "gap_positions": F.col("gap_positions") + F.col("missing_before_snapshot"),
+        "first_gap_lower_bound": F.col("stream_first_gap"),
     }
     parts = facts.select(
         *[stream_wide.get(f.name, F.col(f.name)).alias(f.name) for f in PartitionWatermarks.to_structtype().fields]
@@ -644,6 +665,13 @@ def carry_over(
     upto = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     touched = running_max_single(F.col("source_region"), F.col("source_offset"), regions, upto)
     known = F.col("stream_pre_history").isNotNull()
+    # A row of S with a gap before it in the stream (in S, between the state and S, or earlier) keeps the floor
+    # S's own watermarks gave it (its run's P, or S's P, the first vector after the gap before S); the carried
+    # touch joins it. Without a gap before it: the stream's P, as when the stream is dumped as one.
+    after_gap = (F.col("missing_before") + F.col("missing_before_snapshot")) > 0
+    own_touch = F.when(
+        after_gap, F.when(F.col("touch_bound").isNotNull(), vector_max(F.col("touch_bound"), F.col("prior_touch")))
+    ).when(known, vector_max(F.col("stream_pre_history"), vector_max(F.col("prior_touch"), touched)))
     own = (
         row_wm.join(stream, on=["snapshot_id", *rp], how="inner")
         # S's rows up to the state's last offset are the state's already (a verified overlap): S continues after it.
@@ -653,22 +681,40 @@ def carry_over(
             "*",
             # L and M of S's rows only grow by what the stream had applied before S.
             vector_max(F.col("prior_end"), F.col("applied_lower_bound")).alias("stream_lower_bound"),
-            F.when(known, vector_max(F.col("stream_pre_history"), vector_max(F.col("prior_touch"), touched))).alias(
-                "stream_touch"
-            ),
+            own_touch.alias("stream_touch"),
             vector_max(F.col("prior_end"), F.col("reach")).alias("stream_reach"),
+            (F.col("missing_before") + F.col("missing_before_snapshot")).alias("stream_missing"),
             (F.row_number().over(upto) == 1).alias("first_of_key"),
         )
     )
-    renamed = {"applied_lower_bound": "stream_lower_bound", "touch_bound": "stream_touch", "reach": "stream_reach"}
+    renamed = {"applied_lower_bound": "stream_lower_bound", "touch_bound": "stream_touch", "reach": "stream_reach",
+               "missing_before": "stream_missing"}
     row_struct = ReconstructedWatermarks.to_structtype()
     own_rows = own.select(*[F.col(renamed.get(f.name, f.name)).alias(f.name) for f in row_struct.fields])
-    firsts = own.where(F.col("first_of_key")).select(*rp, "key", F.col("stream_lower_bound").alias("first_in_snapshot"))
+    firsts = own.where(F.col("first_of_key")).select(
+        *rp, "key", F.col("stream_lower_bound").alias("first_in_snapshot"),
+        (F.col("missing_before") > 0).alias("first_after_gap"),
+    )
+    carried_missing = F.coalesce(F.col("missing_before"), F.lit(0).cast(T.LongType()))
+    # Reach of a carried version: stopped by a gap after it in an earlier dump (its stored reach), or by the gap
+    # before S, or by S's first gap when the key's first row in S lies after it (SPEC 3a).
+    snapshot_gap = vector_max(F.col("prior_end"), F.col("snapshot_first_gap"))
+    carried_reach = (
+        F.when(F.col("prior_gap_positions") > carried_missing, F.col("reach"))
+        .when(F.col("start_gap") > 0, F.col("prior_end"))
+        .when(F.col("first_in_snapshot").isNotNull() & ~F.col("first_after_gap"), F.col("first_in_snapshot"))
+        .when(F.col("snapshot_first_gap").isNotNull(), snapshot_gap)
+        .otherwise(F.col("stream_end"))
+    )
     carried_rows = carried.join(firsts, on=[*rp, "key"], how="left").select(
-        "*",
+        *[c for c in carried.columns if c not in ("touch_bound", "reach", "missing_before")],
         F.col("first_lower_bound").alias("applied_lower_bound"),
-        F.when(known, vector_max(F.col("stream_pre_history"), F.col("key_touch"))).alias("touch_bound"),
-        F.coalesce(F.col("first_in_snapshot"), F.col("stream_end")).alias("reach"),
+        # After a gap: the U it had (unknown stays unknown); else the stream's P and the key's touches.
+        F.when(carried_missing > 0, F.col("touch_bound"))
+        .when(known, vector_max(F.col("stream_pre_history"), F.col("key_touch"))).alias("touch_bound"),
+        carried_reach.alias("reach"),
+        # ⊥ of a carried key reaches its stored first_lower_bound: the carried row counts as before any gap.
+        F.lit(0).cast(T.LongType()).alias("missing_before"),
     )
     untouched_rows = row_wm.join(stream.select("snapshot_id", *rp), on=["snapshot_id", *rp], how="left_anti")
     untouched_parts = partition_wm.join(stream.select("snapshot_id", *rp), on=["snapshot_id", *rp], how="left_anti")
@@ -689,18 +735,25 @@ def _as_state(df: DataFrame) -> DataFrame:
     return conform(df, struct, {f.name: F.lit(None) for f in struct.fields if f.name not in present})
 
 
-def last_versions_of(row_wm: DataFrame, regions: Sequence[str]) -> DataFrame:
+def last_versions_of(row_wm: DataFrame, partition_wm: DataFrame, regions: Sequence[str]) -> DataFrame:
     """Every key's last version per replica partition of ``row_wm``, aggregated by Spark (``Comparison.last_versions``'s rows).
 
     ``pipelines.leapfrog.compare`` gives the same rows from the comparison's own pass; this
     aggregation (an exchange and sort of every row) serves a state built without it.
     """
     rp = list(REPLICA_PARTITION)
-    last = F.struct(*[F.col(c) for c in LAST_VERSION_COLUMNS])
-    return row_wm.groupBy("snapshot_id", *rp, "key").agg(
+    last = F.struct(*[F.col(c) for c in (*LAST_VERSION_COLUMNS, "touch_bound", "reach", "missing_before")])
+    # ⊥'s reach stops at the dump's first gap (SPEC 3a), as in the comparison.
+    gaps = partition_wm.select("snapshot_id", *rp, "first_gap_lower_bound")
+    bottom_reach = F.when(
+        (F.col("missing_before") == 0) | F.col("first_gap_lower_bound").isNull(), F.col("applied_lower_bound")
+    ).otherwise(F.col("first_gap_lower_bound"))
+    return row_wm.join(F.broadcast(gaps), on=["snapshot_id", *rp], how="inner").groupBy(
+        "snapshot_id", *rp, "key"
+    ).agg(
         F.max_by(last, "offset").alias("last"),
         # A carried version is its key's first row: its applied_lower_bound is the stored first_lower_bound.
-        F.min_by("applied_lower_bound", "offset").alias("first_lower_bound"),
+        F.min_by(bottom_reach, "offset").alias("first_lower_bound"),
         sparse([F.max(F.when(F.col("source_region") == F.lit(r), F.col("source_offset"))) for r in regions],
                regions).alias("touched"),
     ).select("snapshot_id", *rp, "key", "last.*", "first_lower_bound", "touched")
@@ -734,12 +787,14 @@ def next_state(
         prior_versions.where(F.col("row_kind") == VERSION)
         .select(F.col("snapshot_id").alias("previous_snapshot_id"), *rp, "key",
                 F.col("offset").alias("prior_offset"), F.col("key_touch").alias("prior_touch"),
-                F.col("origin_snapshot_id").alias("prior_origin"))
+                F.col("origin_snapshot_id").alias("prior_origin"), F.col("missing_before").alias("prior_missing"))
         .join(ctx.select("previous_snapshot_id", *rp), on=["previous_snapshot_id", *rp], how="inner")
         .drop("previous_snapshot_id")
     )
     if last_versions is None:
-        last_versions = last_versions_of(row_wm, partition_regions(partition_wm) if regions is None else regions)
+        last_versions = last_versions_of(
+            row_wm, partition_wm, partition_regions(partition_wm) if regions is None else regions
+        )
     versions = computed_once(_as_state(
         last_versions.join(prior, on=[*rp, "key"], how="left").select(
             "snapshot_id",
@@ -752,6 +807,11 @@ def next_state(
             F.when(F.col("offset") == F.col("prior_offset"), F.col("prior_origin"))
             .otherwise(F.col("snapshot_id"))
             .alias("origin_snapshot_id"),
+            "touch_bound",
+            "reach",
+            # A carried version counts as before any gap in the comparison's rows; its stream position is the state's.
+            F.when(F.col("offset") == F.col("prior_offset"), F.coalesce(F.col("prior_missing"), F.lit(0)))
+            .otherwise(F.col("missing_before")).alias("missing_before"),
         )
     ))
     stats = versions.groupBy("snapshot_id", *rp).agg(
@@ -774,6 +834,8 @@ def next_state(
             "end_lower_bound",
             F.coalesce(F.col("state_rows"), zero).alias("state_rows"),
             F.coalesce(F.col("state_checksum"), zero).alias("state_checksum"),
+            "gap_positions",
+            "first_gap_lower_bound",
         )
     )
     return versions.unionByName(_as_state(contexts))

@@ -51,6 +51,13 @@ class HeartbeatSegments(pa.DataFrameModel):
     resolved_ts_ms: T.LongType() = pa.Field(
         nullable=True, description="Resolved timestamp after the opening heartbeat (null before any)"
     )
+    gap_before: T.LongType() = pa.Field(
+        nullable=False, ge=0, description="Positions missing right before this row (a gap: SPEC 3a); 0 when none"
+    )
+    missing_before: T.LongType() = pa.Field(
+        nullable=False, ge=0,
+        description="Positions missing before this row in the whole dump; a gap lies between two rows iff theirs differ",
+    )
 
     class Config:
         name = "heartbeat_segments"
@@ -86,6 +93,13 @@ class HeartbeatSegmentSummary(pa.DataFrameModel):
     opening_applied_ts_min_ms: T.LongType() = pa.Field(nullable=True)
     opening_applied_ts_max_ms: T.LongType() = pa.Field(nullable=True)
     resolved_ts_ms: T.LongType() = pa.Field(nullable=True)
+    gaps: T.LongType() = pa.Field(nullable=False, ge=0, description="Gaps (SPEC 3a) right before a row of this segment")
+    gap_positions: T.LongType() = pa.Field(nullable=False, ge=0, description="Positions missing in those gaps")
+    first_gap_offset: T.LongType() = pa.Field(nullable=True, ge=0, description="First position missing (null: no gap)")
+    last_gap_offset: T.LongType() = pa.Field(nullable=True, ge=0, description="Last position missing (null: no gap)")
+    first_gap_lower_bound: VECTOR = pa.Field(
+        nullable=True, description="L of the first row after the first gap, where reach stops (null: no gap)"
+    )
 
     class Config:
         name = "heartbeat_segment_summary"

@@ -36,7 +36,8 @@ class ReplicaState(pa.DataFrameModel):
         description="VERSION: max of {source_region: source_offset} over the key's rows so far; U = max(P, key_touch)",
     )
     first_lower_bound: VECTOR = pa.Field(
-        nullable=True, description="VERSION: L of the key's first data row in the stream (the reach of its ⊥)"
+        nullable=True,
+        description="VERSION: the reach of the key's ⊥: L of its first data row in the stream, or L at the first gap",
     )
     origin_snapshot_id: T.StringType() = pa.Field(nullable=True, description="VERSION: snapshot the row was read from")
     # CONTEXT rows: what the state covers, and the invariant checked before it is used.
@@ -59,6 +60,20 @@ class ReplicaState(pa.DataFrameModel):
     state_checksum: T.LongType() = pa.Field(
         nullable=True,
         description="CONTEXT: sum of xxhash64 of every VERSION column, modulo 2^64 (order-independent)",
+    )
+    # Gaps (SPEC 3a). Null in states written before gaps were known: read as no gap.
+    touch_bound: VECTOR = pa.Field(
+        nullable=True, description="VERSION: U of the version in the stream (null when unknown)"
+    )
+    reach: VECTOR = pa.Field(nullable=True, description="VERSION: M of the version in the stream so far")
+    missing_before: T.LongType() = pa.Field(
+        nullable=True, ge=0, description="VERSION: positions missing in the stream before the version"
+    )
+    gap_positions: T.LongType() = pa.Field(
+        nullable=True, ge=0, description="CONTEXT: positions missing in the stream so far (gaps, SPEC 3a)"
+    )
+    first_gap_lower_bound: VECTOR = pa.Field(
+        nullable=True, description="CONTEXT: L of the first row after the stream's first gap (null: no gap)"
     )
 
     class Config:

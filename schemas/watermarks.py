@@ -29,6 +29,10 @@ class ReconstructedWatermarks(pa.DataFrameModel):
         nullable=True, description="U(r): bounds the upstream messages this state holds; null when P is unknown"
     )
     reach: VECTOR = pa.Field(nullable=False, description="M(r): applied while this row was the key's state")
+    missing_before: T.LongType() = pa.Field(
+        nullable=False, ge=0,
+        description="Positions missing before this row in its dump: a gap lies between two rows iff theirs differ",
+    )
 
     class Config:
         name = "reconstructed_watermarks"
@@ -58,6 +62,13 @@ class PartitionWatermarks(pa.DataFrameModel):
     puts: T.LongType() = pa.Field(nullable=False, ge=0)
     deletes: T.LongType() = pa.Field(nullable=False, ge=0)
     heartbeats: T.LongType() = pa.Field(nullable=False, ge=0)
+    gaps: T.LongType() = pa.Field(nullable=False, ge=0, description="Gaps (SPEC 3a) right before a row of this dump")
+    gap_positions: T.LongType() = pa.Field(nullable=False, ge=0, description="Positions missing in those gaps")
+    first_gap_offset: T.LongType() = pa.Field(nullable=True, ge=0, description="First position missing (null: no gap)")
+    last_gap_offset: T.LongType() = pa.Field(nullable=True, ge=0, description="Last position missing (null: no gap)")
+    first_gap_lower_bound: VECTOR = pa.Field(
+        nullable=True, description="L of the first row after the first gap, where reach stops (null: no gap)"
+    )
 
     class Config:
         name = "partition_watermarks"
