@@ -134,6 +134,20 @@ class SimulationConfig:
     wide_clock_interval: int = _opt(0, "heartbeats with a wide applied clock interval (CLOCK_UNCERTAINTY)")
     wide_clock_ms: int = _opt(500, "half-width of a wide clock interval")
     exporter_regression: int = _opt(0, "exporter reports lower than the same exporter's earlier report")
+    # Damage to the dump (SPEC section 3a), applied to each replica partition once its history is complete.
+    compact_below: Optional[float] = _opt(
+        None,
+        "Kafka log compaction of each replica partition below this fraction of its offsets: there only the newest "
+        "record of each Kafka key stays (a data key's newest PUT or DELETE anywhere in the partition; all heartbeats "
+        "share one key; START_OF_PUSH is kept); offsets are not renumbered",
+        type=float,
+    )
+    lose_records: Optional[float] = _opt(
+        None,
+        "drop each version-topic record but START_OF_PUSH from the dump with this probability (seeded; after "
+        "--compact-below when both are given)",
+        type=float,
+    )
 
     def __post_init__(self) -> None:
         for name in ("regions", "topics", "partitions", "keys", "heartbeat_every", "rows_per_file"):
@@ -188,8 +202,25 @@ class SimulationConfig:
                     "venice-kafka heartbeats carry time points, widened by one uncertainty at audit time: "
                     "wide_clock_interval cannot be written"
                 )
+        if self.compact_below is not None and not 0.0 <= self.compact_below <= 1.0:
+            raise InvalidSetting(f"compact_below must be within [0, 1], got {self.compact_below}")
+        if self.lose_records is not None and not 0.0 <= self.lose_records < 1.0:
+            raise InvalidSetting(f"lose_records must be within [0, 1), got {self.lose_records}")
         if self.heartbeat_under_report and not self.full_heartbeat_vectors:
             raise InvalidSetting("heartbeat_under_report lowers an hb_vector component: it needs heartbeat_vector full")
+
+    @property
+    def damaged(self) -> bool:
+        """Whether the dump is damaged after the fact (``compact_below`` or ``lose_records`` given)."""
+        return self.compact_below is not None or self.lose_records is not None
+
+    def as_dict(self) -> dict:
+        """The settings for the ground truth; the damage options only when given (older files stay the same)."""
+        out = dataclasses.asdict(self)
+        for name in ("compact_below", "lose_records"):
+            if out[name] is None:
+                del out[name]
+        return out
 
     @property
     def full_heartbeat_vectors(self) -> bool:
@@ -558,6 +589,102 @@ class _VeniceSink(_ArrowSink):
         self.files.extend(self.exporters.files)
         self.counts["EXPORTER_POSITION"] += self.exporters.counts["EXPORTER_POSITION"]
         self.exporters.counts["EXPORTER_POSITION"] = 0
+
+
+# --------------------------------------------------------------------------- damage (SPEC section 3a)
+
+_SOP, _DATA, _HB, _EXP = 0, 1, 2, 3
+
+
+class _DamagedSink:
+    """Holds a replica partition's rows until its history is complete, then writes them to ``sink``
+    with the damage asked for: Kafka log compaction below ``compact_below`` of the partition's
+    offsets, then records lost at random (``lose_records``). Offsets are never renumbered.
+
+    The complete rows stay in ``complete_rows`` (SPEC fields the reference reads) until the
+    partition's complete-topic proofs are computed; ``damage`` counts what was removed."""
+
+    def __init__(self, sink, config: SimulationConfig, seed_key: str):
+        self.sink = sink
+        self.config = config
+        self.rng = random.Random(f"lose:{seed_key}:{sink.replica}")
+        self.calls: list[tuple] = []
+        self.complete_rows: list[dict] = []
+        self.damage: dict = {}
+
+    @property
+    def counts(self) -> dict:
+        return self.sink.counts
+
+    @property
+    def files(self) -> list[str]:
+        return self.sink.files
+
+    def start_of_push(self, off, epoch) -> None:
+        self.calls.append((_SOP, off, epoch))
+
+    def data(self, off, epoch, key, value, src, soff, wts) -> None:
+        self.calls.append((_DATA, off, epoch, key, value, src, soff, wts))
+
+    def heartbeat(self, off, epoch, src, soff, vector, omin, omax, amin, amax) -> None:
+        self.calls.append((_HB, off, epoch, src, soff, vector, omin, omax, amin, amax))
+
+    def exporter_position(self, exporter, exported, reported_at) -> None:
+        self.calls.append((_EXP, exporter, exported, reported_at))
+
+    def close(self) -> None:
+        calls, self.calls = self.calls, []
+        sink = self.sink
+        base = {"replica": sink.replica, "topic": sink.topic, "partition": sink.partition}
+        # The newest offset of each Kafka key: a data row's record key, one key for all heartbeats.
+        newest: dict = {}
+        offsets = 0
+        for c in calls:
+            if c[0] == _DATA:
+                newest[c[3]] = c[1]
+            elif c[0] == _HB:
+                newest[None] = c[1]
+            if c[0] != _EXP:
+                offsets = max(offsets, c[1] + 1)
+        cut = int(self.config.compact_below * offsets) if self.config.compact_below is not None else 0
+        lose = self.config.lose_records or 0.0
+        skip_below = sink.skip_below
+        compacted = lost = 0
+        for c in calls:
+            what = c[0]
+            if what == _EXP:
+                sink.exporter_position(*c[1:])
+                continue
+            off = c[1]
+            if what == _SOP:
+                self.complete_rows.append({**base, "offset": off, "kind": "START_OF_PUSH"})
+                sink.start_of_push(*c[1:])
+                continue
+            if what == _DATA:
+                _, _, _, key, value, src, soff, _ = c
+                row = {**base, "offset": off, "kind": "DELETE" if value is None else "PUT", "key": key,
+                       "source_region": src, "source_offset": soff}
+                if value is not None:
+                    row["value"] = value
+                kafka_key = key
+            else:
+                _, _, _, src, soff, vector, omin = c[:7]
+                row = {**base, "offset": off, "kind": "HEARTBEAT", "source_region": src, "source_offset": soff,
+                       "hb_vector": None if vector is None else dict(vector), "origin_ts_min_ms": omin}
+                kafka_key = None
+            self.complete_rows.append(row)
+            if off < cut and newest[kafka_key] != off:
+                compacted += off >= skip_below
+                continue
+            if off >= skip_below and lose and self.rng.random() < lose:
+                lost += 1
+                continue
+            if what == _DATA:
+                sink.data(*c[1:])
+            else:
+                sink.heartbeat(*c[1:])
+        self.damage = {**base, "offsets": offsets, "compaction_cut": cut, "compacted": compacted, "lost": lost}
+        sink.close()
 
 
 # --------------------------------------------------------------------------- the simulation
@@ -972,6 +1099,8 @@ class _PartitionSim:
             limit = max(0, limit)
             triggers = [(max(1, int(f * limit)), what) for f, what in plan.triggers.get((ti, partition, i), [])]
             sink = plan.make_sink(folder, name, self.topic, partition)
+            if cfg.damaged:
+                sink = _DamagedSink(sink, cfg, self.seed_key)
             self.leaders.append(_Leader(self, i, limit, triggers, sink))
         self.total = total
 
@@ -1144,6 +1273,8 @@ class _PartitionSim:
             for kind, n in leader.sink.counts.items():
                 plan.rows[leader.name][kind] += n
             plan.files.extend(leader.sink.files)
+        if self.config.damaged:
+            self._complete_topic_proofs()
         for c in self.conflicts:
             if len(c["writes"]) == 2:
                 win = max(c["writes"], key=lambda w: (w["write_ts"], w["source_region"]))
@@ -1159,6 +1290,23 @@ class _PartitionSim:
              "missing_messages": self.total - lead.n}
             for lead in self.leaders if lead.n < self.total
         )
+
+
+    def _complete_topic_proofs(self) -> None:
+        """What the complete (undamaged) topic proves, by the plain-Python reading of SPEC sections 3-4."""
+        from replica_lens.reference import reference_verdicts
+
+        rows = []
+        for leader in self.leaders:
+            self.plan.damage.append(leader.sink.damage)
+            rows += leader.sink.complete_rows
+            leader.sink.complete_rows = []
+        for (topic, partition, a, b, key), finding in reference_verdicts(rows).items():
+            if finding.verdict in ("DIVERGENT", "MISSING"):
+                self.plan.complete_topic_proofs.append({
+                    "topic": topic, "partition": partition, "replica_a": a, "replica_b": b, "key": key,
+                    "verdict": finding.verdict, "missing_in": finding.missing_in,
+                })
 
 
 def _final(state: Optional[tuple]) -> tuple:
@@ -1237,6 +1385,8 @@ class _Plan:
                      for r in self.regions}
         self.upstream_messages = 0
         self.natural_max_gap_ms = 0
+        self.damage: list[dict] = []  # per replica partition, with compact_below / lose_records
+        self.complete_topic_proofs: list[dict] = []
 
     def key_name(self, i: int) -> str:
         return f"k{i:0{self.key_width}d}"
@@ -1303,7 +1453,7 @@ def simulate(
 
     truth = {
         "snapshot_id": snapshot_id,
-        "config": dataclasses.asdict(config),
+        "config": config.as_dict(),
         "regions": plan.regions,
         "topics": plan.topics,
         "partitions": config.partitions,
@@ -1319,6 +1469,17 @@ def simulate(
         },
         "warnings": plan.warnings,
     }
+    if config.damaged:
+        truth["damage"] = {
+            "compact_below": config.compact_below,
+            "lose_records": config.lose_records,
+            "compacted": sum(d["compacted"] for d in plan.damage),
+            "lost": sum(d["lost"] for d in plan.damage),
+            "partitions": plan.damage,
+            # Every key the complete topic proves DIVERGENT or MISSING: a damaged dump may prove
+            # fewer (SPEC section 3a), never others.
+            "complete_topic_proofs": plan.complete_topic_proofs,
+        }
     if config.file_format == "venice-kafka":
         # What an audit of these records needs (replica-lens audit --cluster-regions ... --venice-clock-uncertainty-ms ...).
         truth["venice"] = {
@@ -1340,6 +1501,8 @@ def simulate(
         "anomalies": len(plan.anomalies),
         "expected_divergent_keys": len(plan.divergent),
         "warnings": plan.warnings,
+        **({"damage": {"compacted": truth["damage"]["compacted"], "lost": truth["damage"]["lost"],
+                       "complete_topic_proofs": len(plan.complete_topic_proofs)}} if config.damaged else {}),
         **({"audit_with": f"--cluster-regions {truth['venice']['cluster_regions']} --venice-clock-uncertainty-ms "
                           f"{config.clock_uncertainty_ms}"} if "venice" in truth else {}),
     }

@@ -534,3 +534,172 @@ def test_every_option_has_a_flag_and_parses_into_the_config():
     assert "--lagging-replica" in parser.format_help()
     with pytest.raises(SystemExit):
         parser.parse_args(["--format", "csv"])
+
+
+# --------------------------------------------------------------------------- damage (SPEC section 3a)
+
+
+DAMAGE = dict(writes=3000, keys=1000, lost_writes=3, corrupted_values=2, duplicate_deliveries=1, exporter_report_every=200)
+
+
+def kafka_key(row: dict):
+    """The Kafka key of a SPEC row: its record key, one key for all heartbeats, START_OF_PUSH its own."""
+    if row["kind"] in DATA:
+        return ("data", row["key"])
+    if row["kind"] == "HEARTBEAT":
+        return ("heartbeat",)
+    return ("unique", row["offset"])
+
+
+def compacted(stream: list[dict], fraction: float) -> list[dict]:
+    """Kafka's compaction of a complete stream (offsets 0..n-1) below floor(fraction * n)."""
+    cut = int(fraction * len(stream))
+    newest = {kafka_key(r): r["offset"] for r in stream}
+    return [r for r in stream if r["offset"] >= cut or newest[kafka_key(r)] == r["offset"]]
+
+
+def proven(rows: list[dict]) -> set[tuple]:
+    from replica_lens.reference import reference_verdicts
+
+    return {(t, p, a, b, k, f.verdict) for (t, p, a, b, k), f in reference_verdicts(rows).items()
+            if f.verdict in ("DIVERGENT", "MISSING")}
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz", "parquet"])
+def test_compaction_keeps_the_newest_record_of_each_kafka_key_below_the_cut(tmp_path, fmt):
+    """Catches compaction that keeps an older version below the cut, drops a record at or after the cut,
+    drops the newest record of a key (a DELETE too), keeps several heartbeats below the cut, drops
+    START_OF_PUSH, renumbers offsets, or counts rows that were not written."""
+    _, _, whole = run(tmp_path / "whole", **DAMAGE, file_format=fmt)
+    folder, truth, rows = run(tmp_path / "damaged", **DAMAGE, file_format=fmt, compact_below=0.6)
+    complete, damaged = streams(whole), streams(rows)
+    assert set(damaged) == set(complete)
+    removed = tombstones = 0
+    for where, stream in complete.items():
+        expected = compacted(stream, 0.6)
+        assert damaged[where] == expected
+        cut = int(0.6 * len(stream))
+        below = [r for r in damaged[where] if r["offset"] < cut]
+        assert sum(r["kind"] == "HEARTBEAT" for r in below) <= 1
+        assert len({kafka_key(r) for r in below}) == len(below)
+        assert damaged[where][0]["kind"] == "START_OF_PUSH" and damaged[where][0]["offset"] == 0
+        tombstones += sum(r["kind"] == "DELETE" for r in below)
+        removed += len(stream) - len(expected)
+    assert removed > 0
+    assert tombstones > 0  # a DELETE that is its key's newest record is kept below the cut
+    # Exporter positions are not Kafka records of the version topic: all kept.
+    assert [r for r in rows if r["kind"] == "EXPORTER_POSITION"] == [r for r in whole if r["kind"] == "EXPORTER_POSITION"]
+    damage = truth["damage"]
+    assert (damage["compact_below"], damage["lose_records"], damage["lost"]) == (0.6, None, 0)
+    assert damage["compacted"] == removed == sum(d["compacted"] for d in damage["partitions"])
+    for d in damage["partitions"]:
+        stream = complete[(d["replica"], d["topic"], d["partition"])]
+        assert (d["offsets"], d["compaction_cut"]) == (len(stream), int(0.6 * len(stream)))
+        assert d["compacted"] == len(stream) - len(damaged[(d["replica"], d["topic"], d["partition"])])
+    summary = simulate(tmp_path / "again", "snap", SimulationConfig(**DAMAGE, file_format=fmt, compact_below=0.6))
+    written = Counter()
+    for kinds in summary["rows"].values():
+        written.update(kinds)
+    assert +written == Counter(r["kind"] for r in rows)
+    assert summary["damage"]["compacted"] == removed
+
+
+def test_venice_kafka_records_are_compacted_by_their_kafka_keys(tmp_path):
+    """Catches a venice-kafka dump compacted by anything but its records' Kafka keys (heartbeats share
+    one, data records use the record key), or damage the Venice files do not carry."""
+    options = dict(DAMAGE, file_format="venice-kafka")
+    whole = Path(simulate(tmp_path / "whole", "v", SimulationConfig(**options))["snapshot_dir"])
+    summary = simulate(tmp_path / "damaged", "v", SimulationConfig(**options, compact_below=0.5))
+    damaged = Path(summary["snapshot_dir"])
+    files = sorted(p.name for p in whole.glob("*.kafka.parquet"))
+    assert files == sorted(p.name for p in damaged.glob("*.kafka.parquet"))
+    removed = 0
+    for name in files:
+        complete = pq.read_table(whole / name, columns=["key", "offset"]).to_pylist()
+        kept = pq.read_table(damaged / name, columns=["key", "offset"]).to_pylist()
+        assert [r["offset"] for r in complete] == list(range(len(complete)))
+        cut = int(0.5 * len(complete))
+        newest = {r["key"]: r["offset"] for r in complete}
+        assert kept == [r for r in complete if r["offset"] >= cut or newest[r["key"]] == r["offset"]]
+        assert kept[0]["offset"] == 0  # START_OF_PUSH
+        below = [r["key"] for r in kept if r["offset"] < cut]
+        assert len(set(below)) == len(below)
+        removed += len(complete) - len(kept)
+    assert removed == summary["damage"]["compacted"] > 0
+    records = sum(pq.read_metadata(damaged / n).num_rows for n in files)
+    assert records == summary["rows_total"] - sum(k["EXPORTER_POSITION"] for k in summary["rows"].values())
+
+
+def test_lost_records_are_dropped_at_the_rate_asked_the_same_way_for_the_same_seed(tmp_path):
+    """Catches loss that is not seeded, drops START_OF_PUSH or exporter positions, moves offsets,
+    ignores the rate, or is not applied after compaction."""
+    _, _, whole = run(tmp_path / "whole", **DAMAGE)
+    a_folder, truth, lost = run(tmp_path / "a", **DAMAGE, lose_records=0.1)
+    b_folder, _, _ = run(tmp_path / "b", **DAMAGE, lose_records=0.1)
+    c_folder, _, _ = run(tmp_path / "c", **DAMAGE, lose_records=0.1, seed=8)
+    names = sorted(p.name for p in a_folder.iterdir())
+    assert all((a_folder / n).read_bytes() == (b_folder / n).read_bytes() for n in names)
+    assert any((a_folder / n).read_bytes() != (c_folder / n).read_bytes() for n in names if n != "_SUCCESS")
+    complete, damaged = streams(whole), streams(lost)
+    dropped = records = 0
+    for where, stream in complete.items():
+        by_offset = {r["offset"]: r for r in stream}
+        assert all(by_offset[r["offset"]] == r for r in damaged[where])
+        assert damaged[where][0]["kind"] == "START_OF_PUSH"
+        dropped += len(stream) - len(damaged[where])
+        records += len(stream) - 1
+    assert dropped == truth["damage"]["lost"] == sum(d["lost"] for d in truth["damage"]["partitions"])
+    assert 0.08 <= dropped / records <= 0.12
+    assert truth["damage"]["compacted"] == 0
+    assert Counter(r["kind"] for r in lost)["EXPORTER_POSITION"] == Counter(r["kind"] for r in whole)["EXPORTER_POSITION"]
+    # Both: loss draws among what compaction left.
+    _, both_truth, both = run(tmp_path / "both", **DAMAGE, compact_below=0.5, lose_records=0.1)
+    for where, stream in streams(both).items():
+        survivors = {r["offset"] for r in compacted(complete[where], 0.5)}
+        assert {r["offset"] for r in stream} <= survivors
+    assert both_truth["damage"]["compacted"] > 0 and both_truth["damage"]["lost"] > 0
+
+
+def test_complete_topic_proofs_are_what_the_reference_proves_on_the_undamaged_topic(tmp_path):
+    """Catches proofs computed over the damaged rows, proofs left out, or healthy keys listed."""
+    options = dict(writes=3000, keys=60, lost_writes=6, corrupted_values=4)
+    _, plain_truth, whole = run(tmp_path / "whole", **options)
+    _, truth, _ = run(tmp_path / "damaged", **options, compact_below=0.7, lose_records=0.2)
+    assert "damage" not in plain_truth and "compact_below" not in plain_truth["config"]
+    listed = {(p["topic"], p["partition"], p["replica_a"], p["replica_b"], p["key"], p["verdict"])
+              for p in truth["damage"]["complete_topic_proofs"]}
+    assert listed == proven(whole)
+    assert listed, "the injected lost writes should give proofs"
+    faulted = {(f["topic"], f["partition"], f["key"]) for f in truth["injected_faults"]}
+    assert {(t, p, k) for t, p, _, _, k, _ in listed} <= faulted
+
+
+@pytest.mark.parametrize("seed, compact_below, lose_records", [
+    (1, 0.3, None), (2, 0.5, None), (3, 0.3, 0.01), (4, 0.4, 0.02), (5, None, 0.01), (6, 0.6, 0.2),
+])
+def test_a_damaged_dump_proves_nothing_the_complete_topic_does_not(tmp_path, seed, compact_below, lose_records):
+    """SPEC section 3a's safety property through the reference: whatever compaction and loss remove,
+    the damaged dump's proofs are among the complete topic's. Catches a reference (or a simulator)
+    that reads a damaged dump by section 3 alone: on these runs it "proves" about a hundred healthy keys."""
+    options = dict(writes=3000, keys=40, lost_writes=4, corrupted_values=3, seed=seed, heartbeat_every=20,
+                   compact_below=compact_below, lose_records=lose_records)
+    _, truth, rows = run(tmp_path, **options)
+    complete = {(p["topic"], p["partition"], p["replica_a"], p["replica_b"], p["key"])
+                for p in truth["damage"]["complete_topic_proofs"]}
+    found = {proof[:5] for proof in proven(rows)}
+    assert found <= complete
+    if lose_records is None or lose_records < 0.1:
+        assert found, "a lightly damaged dump still proves some of the injected faults"
+
+
+def test_damage_options_are_validated_and_parsed():
+    """Catches out-of-range fractions or rates accepted, or a flag missing from the command line."""
+    for bad in (dict(compact_below=-0.1), dict(compact_below=1.5), dict(lose_records=1.0), dict(lose_records=-0.5)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SimulationConfig(**bad)
+    parser = add_arguments(argparse.ArgumentParser())
+    config = config_from_args(parser.parse_args(["--compact-below", "0.5", "--lose-records", "0.01"]))
+    assert (config.compact_below, config.lose_records, config.damaged) == (0.5, 0.01, True)
+    assert not config_from_args(parser.parse_args([])).damaged
+    help_text = parser.format_help()
+    assert "--compact-below" in help_text and "--lose-records" in help_text
