@@ -62,11 +62,11 @@ from resources.delta_stats import file_stats
 from resources.errors import InvalidSetting
 from resources.filesystem import Location, delta_storage_options, spark_uri
 from resources.session import has_native_delta
+from resources.snapshots import UnsafeNameError, check_snapshot_id
 from resources.tuning import DEFAULT_RETENTION_HOURS
 from schemas.conform import conform, local_frame
 
 PARTITION_COLUMN = "snapshot_id"
-_SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
 # Commits that lose a race to a concurrent writer are retried this many times in all.
 _COMMIT_ATTEMPTS = 10
@@ -98,22 +98,9 @@ def parquet_options(struct: T.StructType) -> dict[str, str]:
     return options
 
 
-class UnsafeNameError(InvalidSetting):
-    """A snapshot id or table name that must never be used in a path."""
-
-
 def _snapshot_folder(write_folder: str, snapshot_id: str) -> str:
     """Where a write's files of one snapshot go: Hive-style, as ``partitionBy`` would name it (safe ids need no escaping)."""
     return f"{write_folder}/{PARTITION_COLUMN}={snapshot_id}"
-
-
-def check_snapshot_id(snapshot_id: str) -> str:
-    """Return ``snapshot_id`` if it matches SPEC section 1, else raise ``UnsafeNameError``."""
-    if not isinstance(snapshot_id, str) or not _SNAPSHOT_ID.fullmatch(snapshot_id):
-        raise UnsafeNameError(
-            f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}"
-        )
-    return snapshot_id
 
 
 def check_table_name(name: str) -> str:
