@@ -80,10 +80,7 @@ COMPACT_TARGET_BYTES = 100 * 1024 * 1024
 # values, hashes and texts mostly: the writer fills a dictionary per column chunk, checks
 # after every value whether to give up, and re-encodes as plain once it does. So every
 # table is written with dictionaries for its string columns only, less the ones below.
-# A small gain, close to the noise (docs/performance.md, 2M rows, three alternating rounds):
-# the raw table written in 3.0-3.5 s against 3.8-4.0 s, the segments in 9.6-11.9 s against
-# 10.8-12.5 s, files the same size; the watermarks read back from those segments took
-# 10.4-11.7 s against 10.1-10.2 s.
+# A small gain, close to the noise, for files of the same size (docs/performance.md).
 DISTINCT_STRINGS = ("key", "value", "value_hash", "raw", "detail")
 DISTINCT_STRING_PREFIXES = ("witness_", "last_hash_")
 
