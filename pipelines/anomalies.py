@@ -11,7 +11,7 @@ have already ordered each stream. A data row's judge (the next heartbeat that ca
 vector) opens the first later segment whose opening heartbeat has one, so a window over
 the segment summary's few rows finds every segment's judge, and a join by segment hands
 it to the rows. Ordering every row of the stream backwards for it cost one of the step's
-three full sorts (2M rows, warm JVM: 2.3-2.8 s against 0.9-1.0 s for the join).
+three full sorts; the join over the summary is cheaper (figures: docs/performance.md).
 
 Decisions the SPEC leaves open:
 

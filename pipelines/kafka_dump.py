@@ -35,8 +35,8 @@ from pyspark.sql import functions as F
 
 from resources.errors import InvalidSetting, UsageError
 from resources.filesystem import Location
+from resources.snapshots import SUCCESS_MARKER, check_snapshot_id
 
-SUCCESS_MARKER = "_SUCCESS"
 # The columns of Spark's Kafka source, in its order, plus the region the topics were read from.
 KAFKA_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers")
 
@@ -131,10 +131,7 @@ def land_snapshot(frames: dict[str, DataFrame], landing: str, snapshot_id: str, 
 
     An existing snapshot folder is refused unless ``overwrite`` (then its ``_SUCCESS`` goes
     first, so that no reader takes it for complete while it is replaced)."""
-    from replica_lens.simulator import SNAPSHOT_ID
-
-    if not SNAPSHOT_ID.fullmatch(snapshot_id):
-        raise InvalidSetting(f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
+    check_snapshot_id(snapshot_id)
     folder = Location.of(landing).child(snapshot_id)
     if folder.is_dir():
         if not overwrite:

@@ -66,9 +66,8 @@ def universe(region_columns: Iterable[str] = (), vector_columns: Iterable[str] =
 def region_universe(df: DataFrame, region_columns: Iterable[str] = (), vector_columns: Iterable[str] = ()) -> list[str]:
     """Sorted distinct region names found in ``region_columns`` and the keys of ``vector_columns`` (``universe``).
 
-    One scan, one global aggregation. Measured on 2M raw rows, warm JVM: 0.33-0.74 s
-    against 0.68-1.11 s for a union of the columns with the keys exploded, made distinct by
-    a shuffle.
+    One scan, one global aggregation, instead of a union of the columns with the keys
+    exploded, made distinct by a shuffle (figures: docs/performance.md).
     """
     region_columns, vector_columns = list(region_columns), list(vector_columns)
     if not region_columns and not vector_columns:
@@ -112,7 +111,7 @@ def sparse(components: Sequence[Column], regions: Sequence[str]) -> Column:
 
     Built without a lambda function: the entries of the missing components are null and
     ``array_except`` drops them. (``map_filter`` with a lambda, the obvious way, is not
-    generated code: measured on 4M rows, 5.2-5.9 s against 3.2-5.0 s.)
+    generated code, and slower: docs/performance.md.)
     """
     if not regions:
         return empty_vector()
@@ -135,7 +134,7 @@ def running_max_single(
 
     ``floor`` (a vector whose regions are all in ``regions``) joins the max component by
     component, so that no intermediate map is built and merged (``vector_max`` merges two
-    maps with a lambda function, about three times slower per row).
+    maps with a lambda function, which Spark does not compile: docs/performance.md).
     """
     components = [F.max(F.when(region == F.lit(r), offset)).over(window) for r in regions]
     if floor is not None:

@@ -470,8 +470,8 @@ def essential_pass(snapshot: str, out: str, spark_conf: dict[str, str], schema_j
     benchmark times from start to exit. The session's settings (``spark_config`` of
     resources/session.py) and the schema (MESSAGE_FIELDS) are handed over as JSON by the
     benchmark so that this process imports PySpark only: importing schemas/raw.py loads
-    pandera, and the project's packages load Dagster (4-7 s of imports on the development
-    machine), which are the audit's costs, not the essential work's.
+    pandera, and the project's packages load Dagster (seconds of imports), which are the
+    audit's costs, not the essential work's.
     """
     from pyspark.sql import SparkSession, Window
     from pyspark.sql import functions as F

@@ -34,7 +34,6 @@ import heapq
 import json
 import os
 import random
-import re
 import shutil
 import string
 from collections import Counter
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from resources.errors import InvalidSetting, UsageError
+from resources.snapshots import SNAPSHOT_ID, SUCCESS_MARKER
 
 __all__ = [
     "SimulationConfig",
@@ -54,13 +54,11 @@ __all__ = [
     "topic_names",
 ]
 
-SNAPSHOT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 FILE_FORMATS = ("jsonl", "jsonl.gz", "parquet", "venice-kafka")
 HEARTBEAT_VECTORS = ("full", "own")
 # Raw Venice records (--format venice-kafka): upstream Kafka cluster id of region i is i, and a
 # PUT's value is written under this value schema id.
 VENICE_VALUE_SCHEMA_ID = 1
-SUCCESS_MARKER = "_SUCCESS"
 
 # Physical clock origin of the simulation (ms since the epoch, 2023-11-14).
 BASE_MS = 1_700_000_000_000

@@ -62,11 +62,11 @@ from resources.delta_stats import file_stats
 from resources.errors import InvalidSetting
 from resources.filesystem import Location, delta_storage_options, spark_uri
 from resources.session import has_native_delta
+from resources.snapshots import UnsafeNameError, check_snapshot_id
 from resources.tuning import DEFAULT_RETENTION_HOURS
 from schemas.conform import conform, local_frame
 
 PARTITION_COLUMN = "snapshot_id"
-_SNAPSHOT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
 # Commits that lose a race to a concurrent writer are retried this many times in all.
 _COMMIT_ATTEMPTS = 10
@@ -80,10 +80,7 @@ COMPACT_TARGET_BYTES = 100 * 1024 * 1024
 # values, hashes and texts mostly: the writer fills a dictionary per column chunk, checks
 # after every value whether to give up, and re-encodes as plain once it does. So every
 # table is written with dictionaries for its string columns only, less the ones below.
-# A small gain, close to the noise (docs/performance.md, 2M rows, three alternating rounds):
-# the raw table written in 3.0-3.5 s against 3.8-4.0 s, the segments in 9.6-11.9 s against
-# 10.8-12.5 s, files the same size; the watermarks read back from those segments took
-# 10.4-11.7 s against 10.1-10.2 s.
+# A small gain, close to the noise, for files of the same size (docs/performance.md).
 DISTINCT_STRINGS = ("key", "value", "value_hash", "raw", "detail")
 DISTINCT_STRING_PREFIXES = ("witness_", "last_hash_")
 
@@ -98,22 +95,9 @@ def parquet_options(struct: T.StructType) -> dict[str, str]:
     return options
 
 
-class UnsafeNameError(InvalidSetting):
-    """A snapshot id or table name that must never be used in a path."""
-
-
 def _snapshot_folder(write_folder: str, snapshot_id: str) -> str:
     """Where a write's files of one snapshot go: Hive-style, as ``partitionBy`` would name it (safe ids need no escaping)."""
     return f"{write_folder}/{PARTITION_COLUMN}={snapshot_id}"
-
-
-def check_snapshot_id(snapshot_id: str) -> str:
-    """Return ``snapshot_id`` if it matches SPEC section 1, else raise ``UnsafeNameError``."""
-    if not isinstance(snapshot_id, str) or not _SNAPSHOT_ID.fullmatch(snapshot_id):
-        raise UnsafeNameError(
-            f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}"
-        )
-    return snapshot_id
 
 
 def check_table_name(name: str) -> str:

@@ -23,8 +23,8 @@ gives them explicitly, in delta-rs's vocabulary (its ``storage_options``, the ke
 ``{"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true"}`` for an
 S3-compatible server. The Delta commits take them as they are; the listing takes the S3
 ones it has a name for (``s3_filesystem_options``). Spark needs its own configuration for
-the same store (the ``spark.hadoop.fs.s3a.*`` settings and the hadoop-aws jars; see the
-README).
+the same store (the ``spark.hadoop.fs.s3a.*`` settings and the hadoop-aws jars; see
+docs/cluster.md).
 """
 from __future__ import annotations
 

@@ -16,11 +16,10 @@ import dagster as dg
 import pyarrow.fs as pafs
 from pydantic import Field
 
-from resources.delta_store import UnsafeNameError, check_snapshot_id
 from resources.errors import InvalidSetting, SnapshotNotReady
 from resources.filesystem import Location
+from resources.snapshots import SUCCESS_MARKER, UnsafeNameError, check_snapshot_id
 
-SUCCESS_MARKER = "_SUCCESS"
 CLUSTER_REGIONS_ENV = "REPLICA_LENS_CLUSTER_REGIONS"
 CLOCK_UNCERTAINTY_ENV = "REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS"
 

@@ -2,12 +2,9 @@
 
 Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` and py4j's zip first on its Python
 workers' ``PYTHONPATH``. Python cannot cache compiled bytecode inside a zip, so the daemon,
-and every worker it forks, compiled the PySpark modules it imports from source, every time:
-``python -c "import pyspark.worker, pyspark.daemon"`` takes 0.60-0.68 s of CPU from the
-zips and 0.13 s from the installed package. A py-spy profile of a small audit's Python
-processes found 1.8 s of samples compiling in ``zipimport``; with this module its workers
-took about 1.1 s of CPU less, partly on the audit's longest chain of steps (the Leap Frog
-comparison waits for its first worker).
+and every worker it forks, compiled the PySpark modules it imports from source, every time,
+partly on the audit's longest chain of steps (the Leap Frog comparison waits for its first
+worker). What this saves is measured in docs/performance.md.
 
 With PySpark from pip, ``SPARK_HOME`` is the installed package's folder and the zips lie
 inside it: the same code is importable from the package, with its cached bytecode. This

@@ -90,28 +90,26 @@ def spark_config(
         # Arrow makes createDataFrame/toPandas fast where the driver must touch rows.
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.parquet.compression.codec": "zstd",
-        # One audit generates ~500 distinct classes (measured on a 1,468-row snapshot); Spark's
-        # cache of compiled code keeps 100 by default, so a second audit in the same JVM (the CLI
-        # with several snapshots, a test session) compiled them all again: 13.4 s -> 10.5 s for
-        # the second tiny audit with room for them, and ~50 fewer compilations in the first.
+        # One audit generates a few hundred distinct classes; Spark's cache of compiled code
+        # keeps 100 by default, so a second audit in the same JVM (the CLI with several
+        # snapshots, a test session) compiled them all again (docs/performance.md).
         "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
         # PySpark 4 records the Python call site of every DataFrame and Column call for error
-        # messages: each call becomes ~5 round trips to the JVM instead of one (measured: a
-        # 1,468-row audit made 72,000 of them, 25,000 without it; see docs/performance.md).
+        # messages: each call becomes several round trips to the JVM instead of one
+        # (docs/performance.md).
         # Errors still name the failing expression; set "true" to see the Python line too.
         DATAFRAME_DEBUGGING: "false",
         # Batches sent to Spark's Python workers (the Leap Frog comparison, the gzip and Venice
         # readers) are cut at maxRecordsPerBatch rows. With a byte bound as well (64 MB by
         # default) Spark measures the Arrow batch after every row, walking every column's
-        # buffers: 6% of the divergence step's samples at 2M rows. INT_MAX turns the per-row
-        # measurement off (Spark's own sentinel); measured on the 2M-row comparison, warm JVM,
-        # alternating: 8.3-10.3 s -> 7.6-8.3 s.
+        # buffers. INT_MAX turns the per-row measurement off (Spark's own sentinel); the
+        # comparison's gain is in docs/performance.md.
         ARROW_MAX_BYTES_PER_BATCH: NO_BYTE_BOUND,
     }
     if master.startswith("local") and workers_run_this_interpreter(extra):
         # The Python workers import PySpark from the installed package (cached bytecode), not
-        # from Spark's zips (compiled from source in every worker process): about 1.1 s of CPU
-        # less in a small audit (resources/pyspark_daemon.py). Local mode only, and only when
+        # from Spark's zips (compiled from source in every worker process; see
+        # resources/pyspark_daemon.py and docs/performance.md). Local mode only, and only when
         # the workers run this interpreter (which has the project): a cluster's executors, or
         # another Python the user chose for the workers, need not have it.
         conf[PYTHON_DAEMON_MODULE] = LOCAL_PYTHON_DAEMON
@@ -130,9 +128,8 @@ def spark_config(
 # (projections, predicates, orderings) interpreted instead of compiled. Runtime SQL settings,
 # read when a query is planned and executed, so one session switches per step.
 INTERPRETED = {"spark.sql.codegen.wholeStage": "false", "spark.sql.codegen.factoryMode": "NO_CODEGEN"}
-# Measured on the 2-core development machine (docs/performance.md), whole audits in a fresh JVM,
-# alternating: 1,468 rows 25-28 s interpreted against 35-38 s compiled, 15,000 rows 28 s against
-# 33 s (ingestion even), 150,000 rows 55-69 s against 47-53 s (ingestion 20-24 s against 15-16 s).
+# Small inputs run faster interpreted (no compiling); large ones compiled, the ingestion first.
+# The threshold lies between the two, as measured on whole audits (docs/performance.md).
 INTERPRETED_MAX_ROWS = 20_000
 
 
@@ -210,8 +207,7 @@ CODEGEN_CACHE_ENTRIES = 2000
 
 # The throughput collector: an audit is a batch of CPU-bound sorts, windows and writes on few
 # cores, where G1's concurrent marking competes with the task threads (measured on a 2-core
-# machine: a 600k-row audit in-process 187 s with G1, 171 s with ParallelGC; see
-# docs/performance.md). A collector the user chooses in ``extraJavaOptions`` wins.
+# machine: docs/performance.md). A collector the user chooses in ``extraJavaOptions`` wins.
 DEFAULT_JAVA_OPTIONS = "-XX:+UseParallelGC"
 JAVA_OPTION_KEYS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 

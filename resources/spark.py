@@ -11,8 +11,8 @@ writes through delta-spark. Without them (as on a machine that can reach only th
 package registry) the store uses the embedded delta-rs writer instead.
 
 Code generation sized to the step (``SparkResource.sized_for``): Spark compiles Java
-source for every plan it runs, ~500 classes for one audit, whose compilation and JIT
-warm-up are about a third of a small snapshot's audit. An asset step whose input is at most
+source for every plan it runs, hundreds of classes for one audit, whose compilation and JIT
+warm-up are a large part of a small snapshot's audit (docs/performance.md). An asset step whose input is at most
 ``interpreted_max_rows`` rows runs with Spark's interpreted evaluation instead (whole-stage
 code generation off, expressions interpreted): the same operators and results, no
 compiler. Larger inputs keep code generation, which wins from some ten thousand rows on.

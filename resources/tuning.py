@@ -13,5 +13,5 @@ DEFAULT_DRIVER_MEMORY = "3g"
 DEFAULT_RETENTION_HOURS = 7 * 24
 
 # Steps of one audit run at once, on threads of the run's process (replica_lens/executor.py).
-# Measured on the 2-core development machine (docs/performance.md, "Steps side by side").
+# Measured on the 2-core development machine (docs/performance.md, "Levers tried").
 DEFAULT_CONCURRENT_STEPS = 2

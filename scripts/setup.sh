@@ -27,6 +27,6 @@ fi
 .venv/bin/python -m pip install --quiet -e ".[test]" --constraint constraints.txt
 # An editable install leaves the project's modules uncompiled (pip compiles only what it copies).
 # Where PYTHONDONTWRITEBYTECODE is set (common in containers) every command would compile them
-# from source again: about 0.5 s of CPU per start. Compile them once here.
+# from source again at every start (docs/performance.md). Compile them once here.
 .venv/bin/python -m compileall -q assets pipelines resources schemas replica_lens
 echo "setup: .venv ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -n 1))"

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 
 ROWS = 3_000
 VARIANTS = ("uniform", "hot")
-# The fields the README documents (a subset: the benchmark may add more).
+# The fields docs/performance.md documents (a subset: the benchmark may add more).
 REPORT_FIELDS = {"machine", "requested_rows", "variants", "hot_to_uniform"}
 MACHINE_FIELDS = {"cpus", "python", "spark"}
 VARIANT_FIELDS = {
