@@ -11,7 +11,7 @@ predecessors' partitions of ``replica_state`` (``load_prior_state``). ``state_re
 (run config; ``replica-lens audit --state-retention``) then drops, in one Delta commit
 after the step's tables are published, the states no later snapshot is meant to continue.
 
-What the step skips, since every Spark job costs seconds in a fresh JVM and the steps run
+What the step skips, since every Spark job has a fixed cost in a fresh JVM and the steps run
 side by side with others: when the Delta log of ``replica_state`` names no other snapshot,
 no state is read at all (``no_prior_state``: nothing can be continued); the written summary
 is read once, for the totals and the preview; and when it counts every key CONSISTENT the

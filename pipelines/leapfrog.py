@@ -52,14 +52,12 @@ the whole partition (never one key at a time), the first proof per key, the coun
 last versions. It returns one row per (pair, key) seen in either replica; Spark then
 names the pairs, decides the verdicts, counts them and looks up the values of the few
 witnesses. The same pass also returns, per key and replica, the key's last version there
-(with ``L`` of its first row and its highest source offset per region): the replica state
+(with the reach of its ⊥ and its highest source offset per region): the replica state
 (``pipelines/state.py``) is built from those rows (``Comparison.last_versions``) instead of
-another exchange and sort-based aggregation of every row (2M rows, warm JVM: the state 3.0-4.1
-s instead of 5.8-7.1 s, the pass about as before; docs/performance.md). Written as Spark
-windows, joins and aggregates instead (an ordering per region and rank problem, a full
-join of the two sides' keys, four exchanges and checkpoints), the comparison took about
-twice as long at 2M rows (docs/performance.md): Spark's window operator copies every row
-into each ordering's buffer. A partition's rows are held in the Python worker while it is
+another exchange and sort-based aggregation of every row. Written as Spark windows, joins
+and aggregates instead (an ordering per region and rank problem, a full join of the two
+sides' keys, four exchanges and checkpoints), the comparison cost more (docs/performance.md,
+the levers table): Spark's window operator copies every row into each ordering's buffer. A partition's rows are held in the Python worker while it is
 solved; adaptive execution keeps partitions near 32 MB of shuffled data, and one key of a
 topic partition cannot be split anyway.
 
@@ -69,8 +67,8 @@ pair); the rows grow with versions x (replicas - 1), never with versions squared
 A small comparison (at most ``DRIVER_MAX_ROWS`` rows, when the caller knows the count from
 the Delta log) runs the same function once on the driver instead: the rows come over as
 Arrow (``toArrow``), every key's rows are then together, and the output goes back as a
-local relation. No exchange, no checkpoint, and no Python worker to start: a fresh JVM's
-first worker costs more (about a second, docs/performance.md) than the pass over 20,000 rows.
+local relation. No exchange, no checkpoint, and no Python worker to start: in a fresh JVM
+the first worker costs more than the pass over that many rows (docs/performance.md).
 """
 from __future__ import annotations
 

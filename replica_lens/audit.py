@@ -174,6 +174,7 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
                 f=div.get("keys_in_flight"),
             )
         )
+    lines.extend(gap_lines(audit))
     anomalies = audit.metadata.get("stream_anomalies")
     if anomalies:
         by_anomaly = anomalies.get("by_anomaly")
@@ -195,6 +196,37 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
     if written:
         lines.append(f"  Delta tables written: {len(written)} ({', '.join(sorted(written))})")
     lines.append("  " + look_at(audit))
+    return lines
+
+
+def gaps_of(audit: SnapshotAudit) -> dict[str, Any]:
+    """The dumps with gaps in their offsets (SPEC 3a), from ``partition_watermarks``' materialization."""
+    wm = audit.metadata.get("partition_watermarks", {})
+    return {
+        "dumps_with_gaps": int(wm.get("dumps_with_gaps") or 0),
+        "gaps": int(wm.get("gaps") or 0),
+        "positions_missing": int(wm.get("gap_positions") or 0),
+        "dumps": list(wm.get("dumps_with_gaps_listed") or []),
+    }
+
+
+def gap_lines(audit: SnapshotAudit) -> list[str]:
+    """Where proofs rest on a dump with gaps: a line, then one per dump (as many as the metadata lists)."""
+    gaps = gaps_of(audit)
+    if not gaps["dumps_with_gaps"]:
+        return []
+    lines = [
+        f"  gaps: {gaps['dumps_with_gaps']} dump(s) miss {gaps['positions_missing']} position(s) in {gaps['gaps']} "
+        "gap(s) (compaction, quarantined or lost records): their proofs are limited to what the dumps hold "
+        "(partition_watermarks)"
+    ]
+    for dump in gaps["dumps"]:
+        lines.append(
+            f"    {dump['dump']:<24} {dump['gaps']} gap(s), {dump['gap_positions']} position(s) missing, "
+            f"offsets {dump['first_gap_offset']}..{dump['last_gap_offset']}"
+        )
+    if len(gaps["dumps"]) < gaps["dumps_with_gaps"]:
+        lines.append(f"    ... and {gaps['dumps_with_gaps'] - len(gaps['dumps'])} more")
     return lines
 
 
@@ -392,6 +424,8 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
             name: divergence.get(f"keys_{name}") for name in ("compared", "consistent", "divergent", "missing", "in_flight")
         },
         "anomalies": {"total": anomalies.get("dagster/row_count"), "by_kind": anomalies.get("by_anomaly") or {}},
+        # Dumps with gaps prove only what they hold (SPEC 3a): never more than the complete topic.
+        "gaps": gaps_of(audit) | {"proofs_limited": bool(gaps_of(audit)["dumps_with_gaps"])},
         "worst_lag": lag.get("worst_lag") or None,
         "failed_checks": list(audit.failed_checks),
         "tables": {

@@ -2,8 +2,8 @@
 
 Every table is conformed before it is written (and every embedded read after it is read),
 so this runs a few hundred times per audit, on the driver, while the plans are built.
-Written plainly (``F.col(name).cast(field.dataType).alias(name)`` for every field) it cost
-about a quarter of the round trips from Python to the JVM of a small audit: PySpark's
+Written plainly (``F.col(name).cast(field.dataType).alias(name)`` for every field) it made
+a large share of the round trips from Python to the JVM of a small audit: PySpark's
 ``Column.cast`` of a ``DataType`` looks for the thread's active session, and on the
 audit's step threads (which have none in the JVM) goes through
 ``SparkSession.builder.getOrCreate()``, then parses the type's JSON in the JVM: 13 round
@@ -18,7 +18,7 @@ resulting schema are the same as the plain form's.
 ``local_frame`` makes a frame of a few driver-side rows of a struct through Arrow: a local
 relation in the plan. ``spark.createDataFrame`` of a Python list (even an empty one) is a
 Python RDD instead, and the first query that reads one starts Spark's Python worker daemon
-and a worker (about 1.2 s in a fresh JVM), which a small JSONL audit need not start at all.
+and a worker (seconds in a fresh JVM: docs/performance.md), which a small JSONL audit need not start at all.
 """
 from __future__ import annotations
 

@@ -2,9 +2,8 @@
 
 The pandera ``DataFrameModel`` of a table declares its columns, their types, which may be
 null, and their value checks (``ge``, ``le``, ``isin``). pandera's own PySpark backend
-evaluates that declaration with one Spark job per column check: 18 to 32 jobs per table,
-6 to 10 s on this project's tables even when they are empty, which was most of the fixed
-cost of an audit. So the declaration is compiled here instead:
+evaluates that declaration with one Spark job per column check (18 to 32 jobs per table,
+even an empty one), which was most of the fixed cost of an audit (docs/performance.md). So the declaration is compiled here instead:
 
 - the *structure* (every model column present, no other column when the model is strict,
   each with its declared Spark type) is compared with the frame's schema in Python: no job;

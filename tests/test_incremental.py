@@ -763,3 +763,46 @@ def test_reports_of_only_in_flight_keys_are_written_and_a_healthy_re_audit_empti
     assert again.metadata["divergence_reports"]["dagster/row_count"] == 0
     assert again.metadata["divergence_reports"]["keys_consistent"] == again.metadata["divergence_reports"][
         "keys_compared"] == 1
+
+
+def test_a_continuing_dump_that_starts_past_the_carried_end_stops_the_carried_reach_at_the_gap(spark):
+    # dc-a's S2 starts three positions after S1 ended: in between, dc-a applied b's write k="y"
+    # (and a heartbeat) that dc-b holds too. Catches a carried version whose reach runs over the
+    # gap: dc-a's carried k="x" would then seem current while dc-b held "y" with everything that
+    # made it applied, a false DIVERGENT. And S2's rows must take S2's own P as their floor.
+    topic = "gapped"
+    a_all = stream(A, topic, [
+        sop(), put("k", "x", A, 0), heartbeat(A, 1, {A: 1}),
+        put("k", "y", B, 0), put("j", "w", B, 1), heartbeat(B, 2, {A: 1, B: 2}),  # offsets 3-5: never dumped
+        heartbeat(A, 2, {A: 2, B: 2}), put("j", "v", A, 3), heartbeat(A, 4, {A: 4, B: 2}),
+    ])
+    b_all = stream(B, topic, [
+        sop(), put("k", "x", A, 0), put("k", "y", B, 0), put("j", "w", B, 1), heartbeat(B, 2, {A: 1, B: 2}),
+        heartbeat(A, 2, {A: 2, B: 2}), put("j", "v", A, 3), heartbeat(A, 4, {A: 4, B: 2}),
+    ])
+    s1_rows = [r for r in a_all if r["offset"] <= 2] + [r for r in b_all if r["offset"] <= 2]
+    s2_rows = [r for r in a_all if r["offset"] >= 6] + [r for r in b_all if r["offset"] >= 3]
+    s1 = audit(spark, s1_rows, "g1")
+    s2 = audit(spark, s2_rows, "g2", s1.state)
+    assert [link["previous_snapshot_id"] for link in s2.prior.links] == ["g1", "g1"]
+    # dc-a's last "x" against dc-b's "y": different, not provable over the gap.
+    assert s2.verdicts(topic) == {(A, B, "k"): "IN_FLIGHT"}, s2.reports
+
+    # The carried k="x" of dc-a: reach stopped at the gap, L of S1's end.
+    carried = {r["key"]: r for r in s2.rows.where((F.col("replica") == A) & (F.col("offset") < 6)).collect()}
+    assert carried["k"]["reach"] == {A: 1}
+    # S2's rows of dc-a follow the gap: their floor is S2's own P, its first heartbeat vector.
+    (j,) = s2.rows.where((F.col("replica") == A) & (F.col("key") == "j")).collect()
+    assert j["touch_bound"] == {A: 3, B: 2}
+    # The same dump read as one (with positions 3-5 missing) gives the same bounds and verdicts.
+    one = [r for r in a_all if not 3 <= r["offset"] <= 5] + b_all
+    dumps = dumps_of(one)
+    assert dumps[(A, topic, 0)].reach[1] == {A: 1} and dumps[(A, topic, 0)].touch[7] == {A: 3, B: 2}
+    assert {k[2:]: f.verdict for k, f in reference_verdicts(one).items() if f.verdict != "CONSISTENT"} == {
+        (A, B, "k"): "IN_FLIGHT"
+    }
+    # Without the gap (dc-a dumped whole) nothing differs either: "y" reaches dc-a in the gap.
+    assert {k: f.verdict for k, f in reference_verdicts(a_all + b_all).items() if f.verdict != "CONSISTENT"} == {}
+    # The state after S2 remembers the gap: positions missing in the stream, and where ⊥'s reach stops.
+    (context,) = s2.state.where((F.col("row_kind") == CONTEXT) & (F.col("replica") == A)).collect()
+    assert context["gap_positions"] == 3 and context["first_gap_lower_bound"] == {A: 1}
