@@ -242,7 +242,7 @@ class _Rows:
         self.run_end = np.append(at, n)[np.searchsorted(at, np.arange(n), side="right")] - self.first[self.group]
 
 
-def _last_versions(rows: _Rows, region_names: Sequence[str], schema: pa.Schema) -> pa.RecordBatch:
+def _last_versions(rows: _Rows, region_names: Sequence[str], schema: pa.Schema, gaps: bool) -> pa.RecordBatch:
     """Per (topic partition, key, replica) group: its last row, ``L`` of its first row, its highest source offsets.
 
     The replica state's per-key facts (``pipelines/state.py``, ``next_state``), taken from the
@@ -258,12 +258,14 @@ def _last_versions(rows: _Rows, region_names: Sequence[str], schema: pa.Schema) 
         "last_value_hash": rows.token_names.take(pa.array(rows.token[last])),
         **{f"last_{name}": rows.table[name].take(in_table).combine_chunks() for name in _PAYLOAD},
     }
-    columns["last_known"] = pa.array(rows.known[last])
-    columns["last_missing"] = pa.array(rows.missing[last])
     for r, l_r in enumerate(rows.l):
         columns[f"first_lower_{r}"] = pa.array(l_r[first])
-        columns[f"last_touch_{r}"] = pa.array(rows.u[r][last])
-        columns[f"last_reach_{r}"] = pa.array(rows.m[r][last])
+    if gaps:  # what a later snapshot needs to keep the bounds of SPEC 3a over the gaps of this stream
+        columns["last_known"] = pa.array(rows.known[last])
+        columns["last_missing"] = pa.array(rows.missing[last])
+        for r in range(len(region_names)):
+            columns[f"last_touch_{r}"] = pa.array(rows.u[r][last])
+            columns[f"last_reach_{r}"] = pa.array(rows.m[r][last])
     # The highest source offset per region: each row's offset under its region's column, -1 elsewhere.
     regions = pc.dictionary_encode(rows.table["source_region"]).combine_chunks()
     index_of = {name: r for r, name in enumerate(region_names)}
@@ -380,7 +382,7 @@ def _compare_pair(rows: _Rows, plan: PairPlan, schema: pa.Schema) -> pa.RecordBa
 
 
 def compare_keys(
-    batches: Iterator[pa.RecordBatch], pairs: Sequence[PairPlan], region_names: Sequence[str]
+    batches: Iterator[pa.RecordBatch], pairs: Sequence[PairPlan], region_names: Sequence[str], gaps: bool = False
 ) -> Iterator[pa.RecordBatch]:
     """Steps 1-5 for every pair and key of one Spark partition (all rows of a key in a topic partition are here).
 
@@ -400,7 +402,7 @@ def compare_keys(
         return
     schema = pa.schema([pa.field(f.name, _ARROW[type(f.dataType)]) for f in compare_columns(regions).fields])
     rows = _Rows(table, regions)
-    yield _last_versions(rows, region_names, schema)
+    yield _last_versions(rows, region_names, schema, gaps)
     present = set(np.unique(rows.part[rows.first]).tolist())
     for plan in pairs:
         if plan.part_id in present:
@@ -426,6 +428,11 @@ class ComparisonLayout:
     replica_partitions: list[tuple]
     pairs: list[tuple]  # (*PAIR, pair_id, sop_a, sop_b)
     plans: list[PairPlan]
+
+    @property
+    def gaps(self) -> bool:
+        """Whether any stream compared has a gap (SPEC 3a): only then are the last versions' bounds kept."""
+        return any(rp[-1] is not None for rp in self.replica_partitions)
 
 
 def _bottom_end(dump) -> dict:
@@ -509,7 +516,7 @@ def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFram
         *_PAYLOAD,
     )
     schema = compare_columns(len(regions))
-    kernel = partial(compare_keys, pairs=layout.plans, region_names=tuple(regions))
+    kernel = partial(compare_keys, pairs=layout.plans, region_names=tuple(regions), gaps=layout.gaps)
     if on_driver:
         return local_batches(row_watermarks.sparkSession, kernel(iter(flat.toArrow().to_batches())), schema)
     return flat.repartition("part_id", "key").mapInArrow(kernel, schema)
@@ -584,6 +591,23 @@ def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
     )
 
 
+def _gap_bounds(regions: list[str], gaps: bool) -> list[Column]:
+    """A last version's ``touch_bound``, ``reach`` and ``missing_before`` where a stream has gaps, else nulls.
+
+    Without a gap the next snapshot recomputes both bounds from the state's other columns
+    (section 3), so they are not kept.
+    """
+    if not gaps:
+        return [F.lit(None).cast(VECTOR).alias("touch_bound"), F.lit(None).cast(VECTOR).alias("reach"),
+                F.lit(None).cast(T.LongType()).alias("missing_before")]
+    return [
+        F.when(F.col("last_known"), sparse([F.col(f"last_touch_{r}") for r in range(len(regions))], regions))
+        .alias("touch_bound"),
+        sparse([F.col(f"last_reach_{r}") for r in range(len(regions))], regions).alias("reach"),
+        F.col("last_missing").alias("missing_before"),
+    ]
+
+
 @dataclass(frozen=True)
 class Comparison:
     """What the pass gives: ``divergence_reports``, ``divergence_summary``, and every key's last version per replica.
@@ -628,10 +652,7 @@ def compare(
         *REPLICA_PARTITION, "key", *[F.col(f"last_{name}").alias(name) for name, _ in LAST_VERSION],
         sparse([F.col(f"first_lower_{r}") for r in range(len(regions))], regions).alias("first_lower_bound"),
         sparse([F.col(f"touched_{r}") for r in range(len(regions))], regions).alias("touched"),
-        F.when(F.col("last_known"), sparse([F.col(f"last_touch_{r}") for r in range(len(regions))], regions))
-        .alias("touch_bound"),
-        sparse([F.col(f"last_reach_{r}") for r in range(len(regions))], regions).alias("reach"),
-        F.col("last_missing").alias("missing_before"),
+        *_gap_bounds(regions, layout.gaps),
     )
     return Comparison(
         reports=conform(reports, DivergenceReports.to_structtype()),

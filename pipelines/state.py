@@ -127,7 +127,7 @@ from pyspark.sql import types as T
 from pipelines.frames import computed_once
 from pipelines.vectors import partition_regions, running_max_single, sparse, vector_max
 from schemas.conform import conform, local_frame
-from schemas.raw import MESSAGE_FIELDS
+from schemas.raw import MESSAGE_FIELDS, VECTOR
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
@@ -742,7 +742,11 @@ def last_versions_of(row_wm: DataFrame, partition_wm: DataFrame, regions: Sequen
     aggregation (an exchange and sort of every row) serves a state built without it.
     """
     rp = list(REPLICA_PARTITION)
-    last = F.struct(*[F.col(c) for c in (*LAST_VERSION_COLUMNS, "touch_bound", "reach", "missing_before")])
+    # As the comparison keeps them: a last version's own bounds only where some stream has a gap.
+    gapped = partition_wm.where(F.col("first_gap_lower_bound").isNotNull()).limit(1).count() > 0
+    own = [F.col(c) if gapped else F.lit(None).cast(VECTOR if c != "missing_before" else T.LongType()).alias(c)
+           for c in ("touch_bound", "reach", "missing_before")]
+    last = F.struct(*[F.col(c) for c in LAST_VERSION_COLUMNS], *own)
     # ⊥'s reach stops at the dump's first gap (SPEC 3a), as in the comparison.
     gaps = partition_wm.select("snapshot_id", *rp, "first_gap_lower_bound")
     bottom_reach = F.when(
@@ -757,6 +761,11 @@ def last_versions_of(row_wm: DataFrame, partition_wm: DataFrame, regions: Sequen
         sparse([F.max(F.when(F.col("source_region") == F.lit(r), F.col("source_offset"))) for r in regions],
                regions).alias("touched"),
     ).select("snapshot_id", *rp, "key", "last.*", "first_lower_bound", "touched")
+
+
+def _positive(count: Column) -> Column:
+    """``count`` when above 0, else null: a state without gaps keeps the columns of one written before gaps were known."""
+    return F.when(count > 0, count)
 
 
 def next_state(
@@ -810,8 +819,8 @@ def next_state(
             "touch_bound",
             "reach",
             # A carried version counts as before any gap in the comparison's rows; its stream position is the state's.
-            F.when(F.col("offset") == F.col("prior_offset"), F.coalesce(F.col("prior_missing"), F.lit(0)))
-            .otherwise(F.col("missing_before")).alias("missing_before"),
+            _positive(F.when(F.col("offset") == F.col("prior_offset"), F.col("prior_missing"))
+                      .otherwise(F.col("missing_before"))).alias("missing_before"),
         )
     ))
     stats = versions.groupBy("snapshot_id", *rp).agg(

@@ -62,12 +62,13 @@ class ReplicaState(pa.DataFrameModel):
         description="CONTEXT: sum of xxhash64 of every VERSION column, modulo 2^64 (order-independent)",
     )
     # Gaps (SPEC 3a). Null in states written before gaps were known: read as no gap.
+    # Kept only where a stream of the snapshot has a gap; without one, U and M follow from the columns above.
     touch_bound: VECTOR = pa.Field(
-        nullable=True, description="VERSION: U of the version in the stream (null when unknown)"
+        nullable=True, description="VERSION: U of the version in the stream (null when unknown or not kept)"
     )
-    reach: VECTOR = pa.Field(nullable=True, description="VERSION: M of the version in the stream so far")
+    reach: VECTOR = pa.Field(nullable=True, description="VERSION: M of the version in the stream so far (or null)")
     missing_before: T.LongType() = pa.Field(
-        nullable=True, ge=0, description="VERSION: positions missing in the stream before the version"
+        nullable=True, ge=1, description="VERSION: positions missing in the stream before the version (null: none)"
     )
     gap_positions: T.LongType() = pa.Field(
         nullable=True, ge=0, description="CONTEXT: positions missing in the stream so far (gaps, SPEC 3a)"
