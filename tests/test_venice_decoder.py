@@ -54,11 +54,14 @@ BASE = {"replica": "dc-a", "topic": "s_v3", "partition": 2, "offset": 11}
 
 
 # CRC-64-AVRO fingerprints of the parsing canonical form of Venice's published
-# KafkaMessageEnvelope schemas, protocol versions 10 and 14 (computed once from them).
-PUBLISHED_FINGERPRINTS = {10: "d97b1ba72ba42723", 14: "1f802fdd524ff24d"}
+# KafkaMessageEnvelope schemas, protocol versions 10 to 14 (computed once from them: the .avsc
+# files under internal/venice-common/src/main/resources/avro/KafkaMessageEnvelope/v<N>/ of
+# linkedin/venice at 77ea837f; the defaults there were compared field by field too).
+PUBLISHED_FINGERPRINTS = {10: "d97b1ba72ba42723", 11: "8351dfe71de04587", 12: "40d261e4ff0748e8",
+                          13: "c4105c9b415afd23", 14: "1f802fdd524ff24d"}
 
 
-@pytest.mark.parametrize("v", [10, 14])
+@pytest.mark.parametrize("v", sorted(PUBLISHED_FINGERPRINTS))
 def test_schema_matches_published_protocol(v):
     # Catches any structural slip in pipelines/venice_protocol.py: a field out of order, a
     # wrong type or union branch order, a fixed size, a name (canonical form keeps all of them).
@@ -203,7 +206,9 @@ def test_quarantines_and_unknown_cluster():
     chunk["payloadUnion"][1]["schemaId"] = 1
     assert dec(b"\x00k", wire(14, chunk), compressed=True)["reason"] == "COMPRESSED_VALUE"
     good = wire(14, chunk)
-    assert dec(b"\x00k", bytes([23, 13]) + good[2:])["reason"] == "UNKNOWN_PROTOCOL_VERSION"
+    # Catches a decoder that reads a version it has no schema for (9 and 15 bracket 10..14).
+    for unknown in (9, 15):
+        assert dec(b"\x00k", bytes([23, unknown]) + good[2:])["reason"] == "UNKNOWN_PROTOCOL_VERSION"
     assert dec(b"\x00k", bytes([22]) + good[1:])["reason"] == "MALFORMED_RECORD"
     assert dec(b"\x00k", good[:-3])["reason"] == "MALFORMED_RECORD"
     assert dec(b"\x00k", good + b"\x00")["reason"] == "MALFORMED_RECORD"
@@ -263,7 +268,7 @@ def test_decode_venice_frame_accounts_for_every_row(spark):
         rec = encode_record(row, region_clusters=REGIONS, clock_uncertainty_ms=U)
         recs.append((rec.key, rec.value, row["offset"], rec.timestamp_ms))
     good = recs[1][1]
-    recs.append((b"\x00k", bytes([23, 13]) + good[2:], 3, 0))  # unknown version
+    recs.append((b"\x00k", bytes([23, 15]) + good[2:], 3, 0))  # unknown version
     recs.append((b"\x00k", b"\x17", 4, 0))  # malformed
     recs.append((b"\x02" + b"\x07" * 16 + bytes(8),
                  wire(14, {"messageType": 2, "producerMetadata": pm(),
