@@ -40,8 +40,10 @@ def pm(ts=1000, logical=-1):
 
 def footer(v, offset, cid, term=-1):
     f = {"hostName": "h1", "upstreamOffset": offset, "upstreamKafkaClusterId": cid}
-    if v == 14:
-        f.update(upstreamPubSubPosition=b"", termId=term, upstreamMessageTimestamp=-1)
+    if v >= 12:
+        f.update(upstreamPubSubPosition=b"", termId=term)
+    if v >= 14:
+        f["upstreamMessageTimestamp"] = -1
     return (NS + "LeaderMetadata", f)
 
 
@@ -93,7 +95,8 @@ V10_HEARTBEAT = bytes.fromhex(
     "06"                                     # upstreamKafkaClusterId 3
 )
 
-# A v14 PUT with a termId: the footer's v14 fields sit after upstreamKafkaClusterId.
+# A v14 PUT with a termId: the footer's v14 fields sit after upstreamKafkaClusterId. It has a
+# logicalTimestamp (77) but no replication metadata, so no write time.
 V14_PUT = bytes.fromhex(
     "17" "0e"                                # magic byte 23, protocol version 14
     "00"                                     # messageType 0 (PUT)
@@ -134,25 +137,27 @@ def test_hand_encoded_v10_heartbeat():
 
 
 def test_hand_encoded_v14_put():
-    # Catches the v14 footer fields in the wrong order (termId would not read 9) or a v14 schema
-    # that kept v10's targetVersion / producer upstreamOffset (the bytes would not parse).
+    # Catches the v14 footer fields in the wrong order (termId would not read 9), a v14 schema
+    # that kept v10's targetVersion / producer upstreamOffset (the bytes would not parse), or a
+    # write_ts still taken from logicalTimestamp (it would be 77).
     got = dec(b"\x00\x06abc", V14_PUT)
     assert got["row"] == {**BASE, "kind": "PUT", "key": base64.b64encode(b"\x06abc").decode(),
                           "value": "5:" + base64.b64encode(b"\x02hi").decode(), "source_region": "dc-c",
-                          "source_offset": 42, "write_ts": 77, "leader_epoch": 9}
+                          "source_offset": 42, "write_ts": None, "leader_epoch": 9}
 
 
-@pytest.mark.parametrize("v", [10, 14])
+@pytest.mark.parametrize("v", [10, 11, 12, 13, 14])
 def test_put_fixture(v):
+    # RMD by hand: timestamp union branch 0 (long), 1000 ms (zigzag 2000 = d0 0f), empty checkpoint vector.
     env = {"messageType": 0, "producerMetadata": pm(logical=77), "targetVersion": -1,
-           "payloadUnion": (NS + "Put", {"putValue": b"\x02hi", "schemaId": 5, "replicationMetadataVersionId": -1,
-                                          "replicationMetadataPayload": b""}),
+           "payloadUnion": (NS + "Put", {"putValue": b"\x02hi", "schemaId": 5, "replicationMetadataVersionId": 1,
+                                          "replicationMetadataPayload": bytes.fromhex("00d00f00")}),
            "leaderMetadataFooter": footer(v, 42, 3, term=9)}
     got = dec(b"\x00\x06abc", wire(v, env))
     assert got["outcome"] == "row"
     assert got["row"] == {**BASE, "kind": "PUT", "key": base64.b64encode(b"\x06abc").decode(),
                           "value": "5:" + base64.b64encode(b"\x02hi").decode(), "source_region": "dc-b",
-                          "source_offset": 42, "write_ts": 77, "leader_epoch": 9 if v == 14 else None}
+                          "source_offset": 42, "write_ts": 1000 << 18, "leader_epoch": 9 if v >= 12 else None}
 
 
 def test_delete_fixture():
@@ -174,7 +179,7 @@ def control(v, cm_type, branch, body, key, ft=None, ts=1000):
 SOS = {"checksumType": 0, "upcomingAggregates": []}
 
 
-@pytest.mark.parametrize("v", [10, 14])
+@pytest.mark.parametrize("v", [10, 11, 12, 13, 14])
 def test_heartbeat_fixture(v):
     got = control(v, 2, "StartOfSegment", SOS, HB_KEY, footer(v, 500, 0), ts=4000)
     assert got["row"] == {**BASE, "kind": "HEARTBEAT", "source_region": "dc-a", "source_offset": 500,
@@ -221,18 +226,20 @@ def test_quarantines_and_unknown_cluster():
 b64 = st.binary(max_size=12).map(lambda b: base64.b64encode(b).decode())
 nn = st.integers(0, 2**62)
 opt = st.none() | st.integers(0, 2**62)
+# A Venice write time survives as whole milliseconds (RMD): write_ts = ms << 18, ms in 1 .. 2**45 - 1.
+hlc_ms = st.none() | st.integers(1, 2**45 - 1).map(lambda ms: ms << 18)
 
 
 @st.composite
 def rows(draw):
     kind = draw(st.sampled_from(["START_OF_PUSH", "PUT", "DELETE", "HEARTBEAT"]))
-    v = draw(st.sampled_from([10, 14]))
+    v = draw(st.sampled_from([10, 11, 12, 13, 14]))
     row = {"replica": "dc-a", "topic": "s_v3", "partition": 2, "offset": 11, "kind": kind}
     if kind != "START_OF_PUSH":
         row.update(source_region=draw(st.sampled_from(sorted(REGIONS))), source_offset=draw(nn),
-                   leader_epoch=draw(opt) if v == 14 else None)
+                   leader_epoch=draw(opt) if v >= 12 else None)
     if kind in ("PUT", "DELETE"):
-        row.update(key=draw(b64), write_ts=draw(opt))
+        row.update(key=draw(b64), write_ts=draw(hlc_ms))
     if kind == "PUT":
         row["value"] = f"{draw(st.integers(1, 2**31 - 1))}:{draw(b64)}"
     if kind == "HEARTBEAT":
