@@ -19,10 +19,11 @@ Wire format (verified in linkedin/venice at 77ea837f, files under internal/venic
   ``AvroProtocolDefinition.KAFKA_MESSAGE_ENVELOPE(23, 14, ...)``): magic byte 23, one
   protocol-version byte, then the Avro binary KafkaMessageEnvelope written with that
   version's schema.
-- Supported protocol versions: 10 and 14, their envelope schemas written in this project
-  (``pipelines/venice_protocol.py``). v10's LeaderMetadata has hostName, upstreamOffset,
-  upstreamKafkaClusterId; v14 adds upstreamPubSubPosition, termId, upstreamMessageTimestamp.
-  Any other version byte -> quarantined UNKNOWN_PROTOCOL_VERSION.
+- Supported protocol versions: 10 to 14 (every one Venice has published since 10), their
+  envelope schemas written in this project (``pipelines/venice_protocol.py``, which lists what
+  each version changed). v10's LeaderMetadata has hostName, upstreamOffset,
+  upstreamKafkaClusterId; v12 adds upstreamPubSubPosition and termId; v14 adds
+  upstreamMessageTimestamp. Any other version byte -> quarantined UNKNOWN_PROTOCOL_VERSION.
 - messageType (envelope): 0 PUT, 1 DELETE, 2 CONTROL_MESSAGE, 3 UPDATE (MessageType.java);
   controlMessageType: 0 START_OF_PUSH, 2 START_OF_SEGMENT, others (END_OF_PUSH, segments,
   TOPIC_SWITCH, VERSION_SWAP...) -> skipped (ControlMessageType.java).
@@ -39,8 +40,23 @@ Mapping to SPEC 1 (``decode_record``):
   missing from the map raises ``UnknownClusterId`` naming the ids the map knows and the id seen.
   source_offset: ``leaderMetadataFooter.upstreamOffset``. A PUT/DELETE/heartbeat with no
   footer or upstreamOffset -1 -> quarantined NO_UPSTREAM_POSITION.
-- write_ts: ``producerMetadata.logicalTimestamp`` when not -1, else null.
-  leader_epoch: v14 ``termId`` when not -1, else null (v10 has none).
+- write_ts (PUT and DELETE): from the record's replication metadata (RMD), never from
+  ``producerMetadata.logicalTimestamp`` (a leader or push job writes the sentinel -2 there, a
+  client that sets none -1: ``VeniceWriter.APP_DEFAULT_LOGICAL_TS`` / ``VENICE_DEFAULT_LOGICAL_TS``).
+  ``replicationMetadataPayload`` with ``replicationMetadataVersionId`` 1 is the raw Avro RMD
+  record (``RmdSchemaGeneratorV1``; the leader writes ``RmdSerDe.serializeRmdRecord`` bytes, no
+  schema-id prefix) whose first field ``timestamp`` (``RmdConstants.TIMESTAMP_FIELD_POS`` 0) is
+  the union [long value-level timestamp, per-field record]. Only the branch index and the long
+  are read (``rmd_write_ts``), so no store value schema is needed. The value-level timestamp is
+  Venice's write time in ms (the writer's logicalTimestamp when >= 0, else its messageTimestamp:
+  ``ActiveActiveStoreIngestionTask.getWriteTimestampFromKME``); write_ts = ``ms << 18``, the
+  SPEC's hybrid logical clock with a logical counter of 0 (Venice keeps none; ordering and
+  equality of Venice's stamps are kept exactly). Null when there is no RMD (version id not 1,
+  e.g. -1 in batch records, or an empty payload), when the timestamp is per-field, when it is
+  <= 0 (0 is ``RmdConstants.BATCH_RMD_SENTINEL_TIMESTAMP``, not a clock) or too large for
+  ``ms << 18`` to fit an int64 (>= 2**45 ms, year 3084). RMD bytes that are not such a union
+  (a branch index other than 0/1, a truncated varint) -> quarantined MALFORMED_RECORD.
+  leader_epoch: ``termId`` (v12 and later) when not -1, else null (v10/v11 have none).
 - HEARTBEAT: origin_ts = messageTimestamp +- clock_uncertainty_ms; applied_ts = Kafka record
   timestamp +- clock_uncertainty_ms; hb_vector null (one component, which is
   ``{source_region: source_offset}`` already; the contract treats it so).
@@ -52,7 +68,10 @@ Mapping to SPEC 1 (``decode_record``):
   every PUT with COMPRESSED_VALUE. Unparseable bytes -> MALFORMED_RECORD.
 
 ``encode_record`` returns ``KafkaRecord(key, value, timestamp_ms)``: the Kafka timestamp is
-needed to carry a heartbeat's applied time. It cannot encode EXPORTER_POSITION (no Venice
+needed to carry a heartbeat's applied time. Like a leader, it writes logicalTimestamp -2 on data
+records and a write_ts as a value-level RMD timestamp of ``write_ts >> 18`` ms (RMD version 1,
+empty checkpoint vector): Venice stamps are whole milliseconds, so a write_ts's 18 logical bits
+do not survive (a write_ts whose ms is 0 decodes to null). It cannot encode EXPORTER_POSITION (no Venice
 record) nor a heartbeat's hb_vector (a Venice heartbeat carries one component).
 
 Outcome: ``{"outcome": "row"|"skipped"|"quarantined", "reason": str|None, "row": dict|None}``.
@@ -75,6 +94,10 @@ KEY_HEADER_PUT = 0  # PUT and DELETE
 KEY_HEADER_CONTROL = 2
 KEY_HEADER_UPDATE = 4
 KEY_HEADER_GLOBAL_RT_DIV = 8
+APP_DEFAULT_LOGICAL_TS = -2  # VeniceWriter: what leaders and push jobs write as logicalTimestamp
+RMD_VERSION_ID = 1  # the only replication-metadata protocol Venice has (RmdSchemaGenerator)
+HLC_LOGICAL_BITS = 18  # SPEC write_ts = physical_ms << 18 | logical
+_MAX_RMD_MS = (1 << (63 - HLC_LOGICAL_BITS)) - 1  # ms << 18 must stay a non-negative int64
 MT_PUT, MT_DELETE, MT_CONTROL, MT_UPDATE = 0, 1, 2, 3
 CM_START_OF_PUSH, CM_START_OF_SEGMENT = 0, 2
 
@@ -115,6 +138,61 @@ def _short(name: str) -> str:
 
 def _out(outcome: str, reason: str | None = None, row: dict | None = None) -> dict:
     return {"outcome": outcome, "reason": reason, "row": row}
+
+
+def _zigzag(n: int) -> bytes:
+    """Avro binary long: zigzag, then base-128 varint, low groups first."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _read_long(b: bytes, i: int) -> tuple[int, int]:
+    """The Avro long at b[i:] and the index after it; ValueError when truncated or over 10 bytes."""
+    result = shift = 0
+    while True:
+        if i >= len(b) or shift > 63:
+            raise ValueError("not an Avro long")
+        byte = b[i]
+        i += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), i
+        shift += 7
+
+
+def rmd_write_ts(version_id: int, payload: bytes) -> int | None:
+    """SPEC write_ts (``ms << 18``) of a PUT or DELETE from its replication metadata, or None.
+
+    Reads only the RMD record's first field, ``timestamp``: union branch 0 (a long, the
+    value-level timestamp in ms) or 1 (per-field timestamps: None, as there is no one time of
+    the value). None also without RMD (version id not 1, empty payload) and for a timestamp
+    that is no clock (<= 0; 0 is Venice's batch sentinel) or does not fit ``ms << 18``.
+    ValueError when the payload does not start with such a union."""
+    payload = bytes(payload or b"")
+    if version_id != RMD_VERSION_ID or not payload:
+        return None
+    branch, i = _read_long(payload, 0)
+    if branch == 1:
+        return None
+    if branch != 0:
+        raise ValueError(f"RMD timestamp union has no branch {branch}")
+    ms, _ = _read_long(payload, i)
+    if ms <= 0 or ms > _MAX_RMD_MS:
+        return None
+    return ms << HLC_LOGICAL_BITS
+
+
+def rmd_payload(write_ts: int | None) -> tuple[int, bytes]:
+    """(replicationMetadataVersionId, replicationMetadataPayload) a leader writes for write_ts: a
+    value-level timestamp of ``write_ts >> 18`` ms and an empty checkpoint vector; (-1, b"") for None."""
+    if write_ts is None:
+        return -1, b""
+    return RMD_VERSION_ID, b"\x00" + _zigzag(write_ts >> HLC_LOGICAL_BITS) + b"\x00"
 
 
 def decode_record(
@@ -167,6 +245,12 @@ def decode_record(
         return _out("quarantined", "CHUNKED_VALUE")
     if mt == MT_PUT and compressed:
         return _out("quarantined", "COMPRESSED_VALUE")
+    write_ts = None
+    if mt in (MT_PUT, MT_DELETE):
+        try:
+            write_ts = rmd_write_ts(payload["replicationMetadataVersionId"], payload["replicationMetadataPayload"])
+        except ValueError:
+            return _out("quarantined", "MALFORMED_RECORD")
     footer = env.get("leaderMetadataFooter")
     if isinstance(footer, tuple):
         footer = footer[1]
@@ -190,9 +274,7 @@ def decode_record(
         row.update(kind="HEARTBEAT", origin_ts_min_ms=ts - u, origin_ts_max_ms=ts + u,
                    applied_ts_min_ms=int(timestamp_ms) - u, applied_ts_max_ms=int(timestamp_ms) + u)
         return _out("row", None, row)
-    lt = pm["logicalTimestamp"]
-    row.update(kind="PUT" if mt == MT_PUT else "DELETE", key=_b64(key_bytes),
-               write_ts=lt if lt != -1 else None)
+    row.update(kind="PUT" if mt == MT_PUT else "DELETE", key=_b64(key_bytes), write_ts=write_ts)
     if mt == MT_PUT:
         row["value"] = f"{payload['schemaId']}:{_b64(payload['putValue'])}"
     return _out("row", None, row)
@@ -287,7 +369,8 @@ def encode_record(
     clock_uncertainty_ms for the round trip to hold)."""
     kind = row["kind"]
     pm = _default(version, "ProducerMetadata")
-    pm.update(producerGUID=producer_guid, logicalTimestamp=-1 if row.get("write_ts") is None else row["write_ts"])
+    pm["producerGUID"] = producer_guid
+    rmd_version, rmd = rmd_payload(row.get("write_ts"))
     footer = None
     ts = 0
     if kind == "START_OF_PUSH":
@@ -312,11 +395,16 @@ def encode_record(
             key = bytes([KEY_HEADER_PUT]) + base64.b64decode(row["key"])
             sid, b64 = row["value"].split(":", 1)
             put = _default(version, "Put")
-            put.update(schemaId=int(sid), putValue=base64.b64decode(b64))
+            put.update(schemaId=int(sid), putValue=base64.b64decode(b64), replicationMetadataVersionId=rmd_version,
+                       replicationMetadataPayload=rmd)
+            pm["logicalTimestamp"] = APP_DEFAULT_LOGICAL_TS
             mt, payload = MT_PUT, ("com.linkedin.venice.kafka.protocol.Put", put)
         elif kind == "DELETE":
             key = bytes([KEY_HEADER_PUT]) + base64.b64decode(row["key"])
-            mt, payload = MT_DELETE, ("com.linkedin.venice.kafka.protocol.Delete", _default(version, "Delete"))
+            delete = _default(version, "Delete")
+            delete.update(replicationMetadataVersionId=rmd_version, replicationMetadataPayload=rmd)
+            pm["logicalTimestamp"] = APP_DEFAULT_LOGICAL_TS
+            mt, payload = MT_DELETE, ("com.linkedin.venice.kafka.protocol.Delete", delete)
         else:
             raise ValueError(f"cannot encode kind {kind!r}")
     env = _default(version, "KafkaMessageEnvelope")

@@ -1,10 +1,10 @@
-"""Venice's KafkaMessageEnvelope wire schemas (protocol versions 10 and 14), written here.
+"""Venice's KafkaMessageEnvelope wire schemas (protocol versions 10 to 14), written here.
 
 A Venice version-topic value is the magic byte 23, one protocol-version byte, then an Avro
 binary KafkaMessageEnvelope of that version. Avro binary data carries no field names or
 tags: a reader decodes it only with the writer's exact structure (record and field order,
-types, union branch order, fixed sizes). This module states that structure for the two
-versions Replica Lens reads, as plain Python dicts that ``fastavro.parse_schema`` accepts.
+types, union branch order, fixed sizes). This module states that structure for every
+version Replica Lens reads (all those Venice has published since 10), as plain Python dicts that ``fastavro.parse_schema`` accepts.
 
 It is written in this project from Venice's published protocol: names, order and types are
 the protocol's, so the bytes match; the comments are ours and only say what a field is for
@@ -12,22 +12,26 @@ where it matters to Replica Lens. Defaults are given where the protocol declares
 uses them when a reader's schema has a field that a writer's lacks; the encoder in
 ``pipelines.venice`` fills unset fields from them).
 
-What differs between the two versions:
+What differs between the versions (each adds to the one before):
 
 - v10: ProducerMetadata carries an ``upstreamOffset`` of its own (later moved to the leader
   footer), the envelope has ``targetVersion``, LeaderMetadata is (hostName, upstreamOffset,
   upstreamKafkaClusterId).
-- v14 (current): no ``targetVersion`` nor producer ``upstreamOffset``; the control-message
-  union gains VersionSwap; LeaderMetadata adds upstreamPubSubPosition, termId (the leader's
-  epoch) and upstreamMessageTimestamp.
+- v11: no ``targetVersion`` nor producer ``upstreamOffset``; the control-message union gains
+  VersionSwap (old/new serving version topic, localHighWatermarks, isRepush,
+  isLastVersionSwapMessageFromRealTimeTopic).
+- v12: LeaderMetadata adds upstreamPubSubPosition (bytes) and termId (the leader's epoch);
+  VersionSwap adds localHighWatermarkPubSubPositions.
+- v13: VersionSwap adds sourceRegion, destinationRegion, generationId.
+- v14 (current): LeaderMetadata adds upstreamMessageTimestamp.
 
-``tests/test_venice_decoder.py`` pins both schemas by their Avro fingerprints and decodes
+``tests/test_venice_decoder.py`` pins every schema by its Avro fingerprint and decodes
 envelopes spelled out byte by byte, so a wrong order or type here fails a test.
 """
 from __future__ import annotations
 
 NAMESPACE = "com.linkedin.venice.kafka.protocol"
-SUPPORTED_VERSIONS = (10, 14)
+SUPPORTED_VERSIONS = (10, 11, 12, 13, 14)
 
 def _field(name: str, typ, *default) -> dict:
     """A record field; ``default`` (at most one) only where the protocol declares one."""
@@ -128,19 +132,25 @@ def _control_bodies(version: int) -> list[dict]:
             _field("rewindStartTimestamp", "long"),
         ),
     ]
-    if version >= 14:
-        bodies.append(_record(
-            "VersionSwap",
+    if version >= 11:
+        swap = [
             _field("oldServingVersionTopic", "string"),
             _field("newServingVersionTopic", "string"),
             _field("localHighWatermarks", ["null", _array("long")], None),
-            _field("localHighWatermarkPubSubPositions", _array("bytes"), []),
+        ]
+        if version >= 12:
+            swap.append(_field("localHighWatermarkPubSubPositions", _array("bytes"), []))
+        swap += [
             _field("isRepush", "boolean", False),
             _field("isLastVersionSwapMessageFromRealTimeTopic", "boolean", False),
-            _field("sourceRegion", "string", ""),
-            _field("destinationRegion", "string", ""),
-            _field("generationId", "long", -1),
-        ))
+        ]
+        if version >= 13:
+            swap += [
+                _field("sourceRegion", "string", ""),
+                _field("destinationRegion", "string", ""),
+                _field("generationId", "long", -1),
+            ]
+        bodies.append(_record("VersionSwap", *swap))
     return bodies
 
 
@@ -161,17 +171,18 @@ def _leader_metadata(version: int) -> dict:
         _field("upstreamOffset", "long", -1),
         _field("upstreamKafkaClusterId", "int", -1),
     ]
-    if version >= 14:
+    if version >= 12:
         fields += [
             _field("upstreamPubSubPosition", "bytes", ""),
             _field("termId", "long", -1),  # leader epoch
-            _field("upstreamMessageTimestamp", "long", -1),
         ]
+    if version >= 14:
+        fields.append(_field("upstreamMessageTimestamp", "long", -1))
     return _record("LeaderMetadata", *fields)
 
 
 def envelope_schema_dict(version: int) -> dict:
-    """The KafkaMessageEnvelope of protocol ``version`` (10 or 14), a fresh dict each call."""
+    """The KafkaMessageEnvelope of protocol ``version`` (10 to 14), a fresh dict each call."""
     if version not in SUPPORTED_VERSIONS:
         raise ValueError(f"protocol version {version} is not supported (supported: {SUPPORTED_VERSIONS})")
     fields = [

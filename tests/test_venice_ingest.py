@@ -34,17 +34,18 @@ KAFKA_SCHEMA = pa.schema([
 
 
 def spec_rows(replica: str) -> list[dict]:
-    """A START_OF_PUSH, two PUTs, a DELETE and a heartbeat of one replica's version topic."""
+    """A START_OF_PUSH, two PUTs, a DELETE and a heartbeat of one replica's version topic. Write times
+    are whole milliseconds (``ms << 18``): Venice's replication metadata carries no logical counter."""
     base = {"replica": replica, "topic": TOPIC, "partition": 0}
     other = "dc-b" if replica == "dc-a" else "dc-a"
     return [
         {**base, "offset": 0, "kind": "START_OF_PUSH"},
         {**base, "offset": 1, "kind": "PUT", "key": "azE=", "value": "3:dmFsdWUtMQ==", "source_region": "dc-a",
-         "source_offset": 10, "write_ts": 1_000, "leader_epoch": 2},
+         "source_offset": 10, "write_ts": 1_000 << 18, "leader_epoch": 2},
         {**base, "offset": 2, "kind": "PUT", "key": "azI=", "value": "3:dmFsdWUtMg==", "source_region": other,
          "source_offset": 20, "write_ts": None, "leader_epoch": None},
         {**base, "offset": 3, "kind": "DELETE", "key": "azE=", "source_region": "dc-b", "source_offset": 21,
-         "write_ts": 1_500, "leader_epoch": 2},
+         "write_ts": 1_500 << 18, "leader_epoch": 2},
         {**base, "offset": 4, "kind": "HEARTBEAT", "source_region": "dc-a", "source_offset": 30, "leader_epoch": None,
          "origin_ts_min_ms": 2_000 - U, "origin_ts_max_ms": 2_000 + U,
          "applied_ts_min_ms": 2_100 - U, "applied_ts_max_ms": 2_100 + U},

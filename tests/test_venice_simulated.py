@@ -5,11 +5,14 @@
 Both snapshots use one-component heartbeats (``heartbeat_vector own``), as Venice's do, so the two inputs
 hold the same information. What differs only by spelling is mapped before comparing: the audit of Venice
 records names a key by the base64 of its bytes and a PUT value as ``schemaId:base64(bytes)``
-(``venice_key``, ``venice_value``); hashes of values differ with their spelling and are left out.
+(``venice_key``, ``venice_value``); hashes of values differ with their spelling and are left out. A
+Venice write time is whole milliseconds (the RMD's value-level timestamp, ``ms << 18``), so a SPEC
+``write_ts`` loses its 18 logical bits on the way, also where a WRITE_TS_REGRESSION anomaly shows it.
 """
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -36,6 +39,7 @@ COMPARED = (
     "exporter_positions", "exporter_regressions", "compaction_bounds",
 )
 KEY_COLUMNS = {"key"}
+WRITE_TS_COLUMNS = {"write_ts"}
 VALUE_COLUMNS = {"value", "witness_value_a", "witness_value_b"}
 # Not information of the history: where a row was read from, and hashes of the values' spelling.
 IGNORED = {"snapshot_id", "source_file", "value_hash", "witness_hash_a", "witness_hash_b", "last_hash_a", "last_hash_b"}
@@ -60,10 +64,22 @@ def audited(tmp_path_factory):
     return DeltaStore(warehouse_root=str(warehouse))
 
 
+def _ms(hlc: int | None) -> int | None:
+    """A write_ts as it comes back from Venice's millisecond RMD timestamp: its logical bits cleared."""
+    return None if hlc is None else hlc >> 18 << 18
+
+
 def _as_venice(cells: dict) -> dict:
     """A SPEC snapshot's row as the audit of the same history in Venice records has it: keys and values
-    spelled as Venice bytes, and a START_OF_PUSH without a leader epoch (a Venice START_OF_PUSH carries no
-    leader footer)."""
+    spelled as Venice bytes, write_ts in whole milliseconds, and a START_OF_PUSH without a leader epoch (a
+    Venice START_OF_PUSH carries no leader footer)."""
+    for c in WRITE_TS_COLUMNS & cells.keys():
+        cells[c] = _ms(cells[c])
+    if cells.get("anomaly") == "WRITE_TS_REGRESSION":
+        cells["observed"], cells["expected"] = _ms(cells["observed"]), _ms(cells["expected"])
+        cells["detail"] = re.sub(
+            r"write_ts (\d+) (\(physical \d+ ms\)) is below (\d+)",
+            lambda m: f"write_ts {_ms(int(m[1]))} {m[2]} is below {_ms(int(m[3]))}", cells["detail"])
     for c in KEY_COLUMNS & cells.keys():
         cells[c] = None if cells[c] is None else venice_key(cells[c])
     for c in VALUE_COLUMNS & cells.keys():
