@@ -55,7 +55,9 @@ Mapping to SPEC 1 (``decode_record``):
 needed to carry a heartbeat's applied time. It cannot encode EXPORTER_POSITION (no Venice
 record) nor a heartbeat's hb_vector (a Venice heartbeat carries one component).
 
-Outcome: ``{"outcome": "row"|"skipped"|"quarantined", "reason": str|None, "row": dict|None}``.
+Outcome: ``{"outcome": "row"|"skipped"|"quarantined", "reason": str|None, "row": dict|None}``. ``row`` is
+the SPEC 1 row; for a skipped record, its position (replica/topic/partition/offset) and ``control_message``,
+the control message's type name (END_OF_PUSH, START_OF_SEGMENT, ...): the position was read (SPEC 3a).
 """
 from __future__ import annotations
 
@@ -77,6 +79,9 @@ KEY_HEADER_UPDATE = 4
 KEY_HEADER_GLOBAL_RT_DIV = 8
 MT_PUT, MT_DELETE, MT_CONTROL, MT_UPDATE = 0, 1, 2, 3
 CM_START_OF_PUSH, CM_START_OF_SEGMENT = 0, 2
+# ControlMessageType names by number (ControlMessageType.java; the branch order of controlMessageUnion).
+CONTROL_MESSAGE_TYPES = ("START_OF_PUSH", "END_OF_PUSH", "START_OF_SEGMENT", "END_OF_SEGMENT", "START_OF_BUFFER_REPLAY",
+                         "START_OF_INCREMENTAL_PUSH", "END_OF_INCREMENTAL_PUSH", "TOPIC_SWITCH", "VERSION_SWAP")
 
 # Java UUID.nameUUIDFromBytes: MD5 of the name with the version-3 and IETF variant bits set.
 HEARTBEAT_GUID = uuid.UUID(bytes=hashlib.md5(b"heartbeatControlMessage").digest(), version=3).bytes
@@ -115,6 +120,13 @@ def _short(name: str) -> str:
 
 def _out(outcome: str, reason: str | None = None, row: dict | None = None) -> dict:
     return {"outcome": outcome, "reason": reason, "row": row}
+
+
+def control_message_name(control_message_type: int) -> str:
+    """Venice's name of a controlMessageType (``CONTROL_MESSAGE_TYPES``), or ``TYPE_<n>`` for one it does not name."""
+    if 0 <= control_message_type < len(CONTROL_MESSAGE_TYPES):
+        return CONTROL_MESSAGE_TYPES[control_message_type]
+    return f"TYPE_{control_message_type}"
 
 
 def decode_record(
@@ -162,7 +174,7 @@ def decode_record(
         if cmt == CM_START_OF_PUSH:
             return _out("row", None, {**base, "kind": "START_OF_PUSH"})
         if not (cmt == CM_START_OF_SEGMENT and key_bytes == HEARTBEAT_KEY_BYTES):
-            return _out("skipped", "CONTROL_MESSAGE")
+            return _out("skipped", "CONTROL_MESSAGE", {**base, "control_message": control_message_name(cmt)})
     if mt == MT_PUT and payload["schemaId"] < 0:
         return _out("quarantined", "CHUNKED_VALUE")
     if mt == MT_PUT and compressed:
