@@ -23,35 +23,20 @@ GROUP = "ingest"
 KINDS = {"spark", "delta"}
 
 
+# The tables of the ingestion step, with what each holds.
+TABLES = {
+    "raw_topic_snapshots": "Every valid version-topic message of a snapshot, as read from the landing zone (SPEC 1).",
+    "raw_topic_quarantine": "Rows of a snapshot that break SPEC 1, with the reason and the file they came from.",
+    "raw_topic_skipped": "Positions of the raw Venice records skipped by rule: read, so not gaps (SPEC 3a).",
+}
+
+
 @dg.multi_asset(
     specs=[
-        dg.AssetSpec(
-            "raw_topic_snapshots",
-            group_name=GROUP,
-            kinds=KINDS,
-            description="Every valid version-topic message of a snapshot, as read from the landing zone (SPEC 1).",
-            tags={"stage": "raw"},
-        ),
-        dg.AssetSpec(
-            "raw_topic_quarantine",
-            group_name=GROUP,
-            kinds=KINDS,
-            description="Rows of a snapshot that break SPEC 1, with the reason and the file they came from.",
-            tags={"stage": "raw"},
-        ),
-        dg.AssetSpec(
-            "raw_topic_skipped",
-            group_name=GROUP,
-            kinds=KINDS,
-            description="Positions of the raw Venice records skipped by rule: read, so not gaps (SPEC 3a).",
-            tags={"stage": "raw"},
-        ),
+        dg.AssetSpec(table, group_name=GROUP, kinds=KINDS, description=description, tags={"stage": "raw"})
+        for table, description in TABLES.items()
     ],
-    check_specs=[
-        schema_check_spec("raw_topic_snapshots"),
-        schema_check_spec("raw_topic_quarantine"),
-        schema_check_spec("raw_topic_skipped"),
-    ],
+    check_specs=[schema_check_spec(table) for table in TABLES],
     partitions_def=snapshot_partitions,
 )
 def raw_topic_snapshots(
