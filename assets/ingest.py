@@ -1,4 +1,5 @@
-"""Stage 1: raw topic snapshots from the landing zone into Delta, with a quarantine for bad rows."""
+"""Stage 1: raw topic snapshots from the landing zone into Delta, with a quarantine for bad rows and the positions
+of the raw Venice records skipped by rule."""
 
 import dagster as dg
 
@@ -9,6 +10,7 @@ from pipelines.ingest import (
     accounting_from_tables,
     judge_rows,
     list_snapshot_files,
+    read_skipped_positions,
     read_snapshot_lines,
     venice_cluster_ids,
 )
@@ -21,24 +23,20 @@ GROUP = "ingest"
 KINDS = {"spark", "delta"}
 
 
+# The tables of the ingestion step, with what each holds.
+TABLES = {
+    "raw_topic_snapshots": "Every valid version-topic message of a snapshot, as read from the landing zone (SPEC 1).",
+    "raw_topic_quarantine": "Rows of a snapshot that break SPEC 1, with the reason and the file they came from.",
+    "raw_topic_skipped": "Positions of the raw Venice records skipped by rule: read, so not gaps (SPEC 3a).",
+}
+
+
 @dg.multi_asset(
     specs=[
-        dg.AssetSpec(
-            "raw_topic_snapshots",
-            group_name=GROUP,
-            kinds=KINDS,
-            description="Every valid version-topic message of a snapshot, as read from the landing zone (SPEC 1).",
-            tags={"stage": "raw"},
-        ),
-        dg.AssetSpec(
-            "raw_topic_quarantine",
-            group_name=GROUP,
-            kinds=KINDS,
-            description="Rows of a snapshot that break SPEC 1, with the reason and the file they came from.",
-            tags={"stage": "raw"},
-        ),
+        dg.AssetSpec(table, group_name=GROUP, kinds=KINDS, description=description, tags={"stage": "raw"})
+        for table, description in TABLES.items()
     ],
-    check_specs=[schema_check_spec("raw_topic_snapshots"), schema_check_spec("raw_topic_quarantine")],
+    check_specs=[schema_check_spec(table) for table in TABLES],
     partitions_def=snapshot_partitions,
 )
 def raw_topic_snapshots(
@@ -79,11 +77,24 @@ def raw_topic_snapshots(
         else:
             # Only the parts the accepted pass's counts call for (rows with problems of their own, conflicts).
             tables.stage(judgement.quarantine(), "raw_topic_quarantine")
+        # The positions of the records skipped by rule, read again from the raw Venice files only when the accepted
+        # pass saw some (a JSONL or SPEC Parquet snapshot never has any: no Spark job).
+        skipped = judgement.skipped_by_reason()
+        if skipped:
+            staged = tables.stage(read_skipped_positions(session, folder, snapshot_id, venice), "raw_topic_skipped")
+            if staged.row_count != sum(skipped.values()):
+                tables.discard()
+                raise dg.Failure(
+                    description=f"raw_topic_skipped holds {staged.row_count} position(s) of records skipped by rule, "
+                    f"the accepted pass skipped {sum(skipped.values())} ({skipped}): no table was written"
+                )
+        else:
+            tables.stage_empty("raw_topic_skipped")
         # Counted on the staged tables (two narrow columns each): no extra pass over the landing files.
         counts = accounting_from_tables(
             tables.frame("raw_topic_snapshots"),
             None if quarantine_empty else tables.frame("raw_topic_quarantine"),
-            judgement.skipped_by_reason(),
+            skipped,
         )
         context.log.info(
             "snapshot %s: %s rows read = %s accepted + %s quarantined + %s skipped",
@@ -109,6 +120,15 @@ def raw_topic_snapshots(
         )
         tables.add_metadata(
             "raw_topic_quarantine",
-            {"rows_quarantined": counts["rows_quarantined"], "by_reason": dg.MetadataValue.json(counts["by_reason"])},
+            {
+                "rows_quarantined": counts["rows_quarantined"],
+                "by_reason": dg.MetadataValue.json(counts["by_reason"]),
+                # Positions lost to quarantine (SPEC 3a): each a gap of one position in its dump.
+                "quarantined_positions": counts["quarantined_positions"],
+            },
+        )
+        tables.add_metadata(
+            "raw_topic_skipped",
+            {"rows_skipped": counts["rows_skipped"], "skipped_by_reason": dg.MetadataValue.json(counts["skipped_by_reason"])},
         )
         yield from tables.publish()

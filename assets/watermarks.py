@@ -21,14 +21,14 @@ KINDS = {"spark", "delta"}
             "heartbeat_segments",
             group_name=GROUP,
             kinds=KINDS,
-            deps=["raw_topic_snapshots"],
+            deps=["raw_topic_snapshots", "raw_topic_skipped"],
             description="Every version-topic row with its heartbeat segment, baseline vector and applied time (SPEC 2).",
         ),
         dg.AssetSpec(
             "heartbeat_segment_summary",
             group_name=GROUP,
             kinds=KINDS,
-            deps=["raw_topic_snapshots"],
+            deps=["raw_topic_snapshots", "raw_topic_skipped"],
             description="One row per heartbeat segment: baseline, closing watermark, rows per kind, resolved timestamp.",
         ),
     ],
@@ -42,7 +42,12 @@ def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, 
     session = spark.spark_session
     with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
-        tables.stage(annotate_segments(read_stage(session, store, "raw_topic_snapshots", snapshot_id)), "heartbeat_segments")
+        raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
+        # Positions read that hold no row (raw Venice records skipped by rule) are not gaps; none to read when the
+        # Delta log says so (every JSONL or SPEC Parquet snapshot).
+        skipped = store.snapshot_rows("raw_topic_skipped", [snapshot_id])
+        read_positions = None if skipped == 0 else read_stage(session, store, "raw_topic_skipped", snapshot_id)
+        tables.stage(annotate_segments(raw, read_positions), "heartbeat_segments")
         tables.stage(summarize_segments(tables.frame("heartbeat_segments")), "heartbeat_segment_summary")
         yield from tables.publish()
 

@@ -10,7 +10,7 @@ Accounting, precisely:
 
     rows_read = non-blank JSONL lines + Parquet rows + one per unreadable file (or unreadable tail)
               = rows_accepted (sum of ``copies``) + rows_quarantined (rows of the quarantine)
-                + rows_skipped (raw Venice records skipped by rule, counted only)
+                + rows_skipped (raw Venice records skipped by rule: rows of ``raw_topic_skipped``)
 
 Raw Venice records: a Parquet file whose footer has the columns of Spark's Kafka source
 (``key`` and ``value`` binary, ``topic``, ``partition``, ``offset``, ``timestamp``) plus
@@ -18,9 +18,15 @@ Raw Venice records: a Parquet file whose footer has the columns of Spark's Kafka
 that decodes to a SPEC 1 message becomes that message's JSON text and is judged like any
 other row; one the decoder quarantines carries its reason (``decoded_reason``) into the
 quarantine; one it skips by rule (``schemas.raw.SKIP_REASONS``) is dropped before judging
-and counted by an observation of the accepted pass (``Judgement.skipped_by_reason``). An
-upstream cluster id missing from the cluster -> region map fails the Spark job, so nothing
-of the step is published.
+and counted by an observation of the accepted pass (``Judgement.skipped_by_reason``). Its
+position was read all the same (SPEC 3a: not a gap): when the accepted pass saw skipped
+records, ``read_skipped_positions`` reads them again, decoding only the control records, for
+``raw_topic_skipped``. An upstream cluster id missing from the cluster -> region map fails the
+Spark job, so nothing of the step is published.
+
+A quarantined row keeps the position it names (``replica``, ``topic``, ``partition``,
+``offset`` of RawTopicQuarantine, each when it has the field's JSON type): a position lost to
+the quarantine, a gap of one position (``quarantined_positions``).
 
 - A JSONL line ends at LF and only there; one CR before the LF is part of a CRLF ending.
   A UTF-8 byte order mark opening a file is dropped (Hadoop's line reader does so). A line
@@ -73,7 +79,7 @@ from pipelines.frames import observed
 from pipelines.gzip_lines import BLANK, gzip_file_batches
 from resources.filesystem import Location
 from schemas.conform import conform, local_frame
-from pipelines.venice_frame import REASON_DETAIL, cluster_ids_in, venice_lines
+from pipelines.venice_frame import REASON_DETAIL, cluster_ids_in, venice_lines, venice_skipped_positions
 from schemas.raw import (
     SKIP_REASONS,
     FORBIDDEN_BY_KIND,
@@ -83,6 +89,7 @@ from schemas.raw import (
     REQUIRED_ALWAYS,
     REQUIRED_BY_KIND,
     RawTopicQuarantine,
+    RawTopicSkipped,
     RawTopicSnapshots,
 )
 
@@ -258,11 +265,11 @@ def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
     return lines.where(~may_be_blank | (F.btrim(raw, F.lit(_BLANK_CHARS)) != F.lit("")))
 
 
-def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: VeniceSettings) -> list[DataFrame]:
-    """One frame per group of Parquet files with identical schema, plus rows for unreadable ones.
-
-    A group whose schema is raw Venice records (``is_venice_schema``) is decoded (``venice_lines``).
-    """
+def _parquet_tables(
+    spark: SparkSession, files: list[SnapshotFile]
+) -> tuple[list[tuple[DataFrame, bool]], list[tuple[str, str | None, str | None]]]:
+    """One frame per group of Parquet files with identical schema, each with whether it is raw Venice records
+    (``is_venice_schema``), and a row ``(file, None, error)`` for each unreadable file."""
     groups: dict[str, list[SnapshotFile]] = {}
     venice_keys: set[str] = set()
     unreadable: list[tuple[str, str | None, str | None]] = []
@@ -278,14 +285,26 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: Venice
         if is_venice_schema(schema):
             venice_keys.add(key)
 
-    frames: list[DataFrame] = []
+    tables: list[tuple[DataFrame, bool]] = []
     for key, group in groups.items():
         try:
             table = spark.read.parquet(*[_spark_path(f.path) for f in group])
         except Exception as exc:  # noqa: BLE001 - Spark resolves the schema eagerly and may refuse its types
             unreadable.extend((f.name, None, f"Spark cannot read this Parquet schema: {exc}") for f in group)
             continue
-        if key in venice_keys:
+        tables.append((table, key in venice_keys))
+    return tables, unreadable
+
+
+def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: VeniceSettings) -> list[DataFrame]:
+    """One frame per group of Parquet files with identical schema, plus rows for unreadable ones.
+
+    A group whose schema is raw Venice records (``is_venice_schema``) is decoded (``venice_lines``).
+    """
+    tables, unreadable = _parquet_tables(spark, files)
+    frames: list[DataFrame] = []
+    for table, is_venice in tables:
+        if is_venice:
             records = table.select("*", _source_file_name(table).alias("source_file"))
             frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms))
             continue
@@ -300,6 +319,34 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: Venice
     if unreadable:
         frames.append(_local_lines(spark, unreadable))
     return frames
+
+
+def read_skipped_positions(
+    spark: SparkSession, folder: str, snapshot_id: str, venice: VeniceSettings | None = None
+) -> DataFrame:
+    """The positions of the snapshot's raw Venice records skipped by rule, shaped like RawTopicSkipped.
+
+    What ``read_snapshot_lines`` drops before judging (``decoded_reason`` in SKIP_REASONS), one
+    row per record: its Kafka position was read (SPEC 3a), so it closes a gap though it holds no
+    row. A pass of its own over the raw Venice files only, decoding only their control records
+    (``venice_skipped_positions``); worth running only when the accepted pass saw skipped records
+    (``Judgement.skipped_by_reason``). Unreadable files are the quarantine's business.
+    """
+    venice = venice or VeniceSettings()
+    tables, _ = _parquet_tables(spark, [f for f in list_snapshot_files(folder).data_files if f.format == "parquet"])
+    frames = [
+        venice_skipped_positions(
+            table.select("*", _source_file_name(table).alias("source_file")),
+            venice.cluster_regions,
+            venice.clock_uncertainty_ms,
+        )
+        for table, is_venice in tables
+        if is_venice
+    ]
+    struct = RawTopicSkipped.to_structtype()
+    if not frames:
+        return local_frame(spark, [], struct)
+    return conform(reduce(DataFrame.unionByName, frames).withColumn("snapshot_id", F.lit(snapshot_id)), struct)
 
 
 def venice_cluster_ids(spark: SparkSession, folder: str) -> list[int]:
@@ -444,6 +491,25 @@ def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, tup
     }
 
 
+# The quarantine's position columns (RawTopicQuarantine) -> the checked rows' columns that hold them.
+RAW_POSITION = {"replica": "raw_replica", "topic": "raw_topic", "partition": "raw_partition", "offset": "raw_offset"}
+# A quarantined row's position: known when all four are there.
+QUARANTINE_POSITION = tuple(RAW_POSITION)
+
+
+def _raw_position(typed: Column) -> list[Column]:
+    """Each field of a row's position (``RAW_POSITION``) when the row has it with its JSON type and, for the
+    partition and the offset, not negative (it is then no position); null otherwise. Reads the flags of
+    ``_field_flags``."""
+    fields = []
+    for name, alias in RAW_POSITION.items():
+        known = _present(name) & ~_bad_type(name)
+        if name in NON_NEGATIVE:
+            known = known & (typed[name] >= 0)
+        fields.append(F.when(known, typed[name]).alias(alias))
+    return fields
+
+
 def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
     """Every line parsed, with its first problem as ``reason`` (null when none) and all of them in ``detail``.
 
@@ -499,7 +565,7 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
         "typed",
         "all_fields",
         "has_extra_fields",
-        F.when(_present("replica") & ~_bad_type("replica"), typed["replica"]).alias("raw_replica"),
+        *_raw_position(typed),
         # Null when the row has no problem of that kind.
         *[F.when(has, text).alias(f"problems_{code}") for code, (has, text) in listed.items()],
     )
@@ -534,7 +600,7 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
         "raw",
         *[typed[name].alias(name) for name in MESSAGE_FIELDS],
         F.when(F.col("has_extra_fields"), F.transform_values(extras, lambda _k, v: F.to_json(v))).alias("extra_fields"),
-        "raw_replica",
+        *RAW_POSITION.values(),
         reason.alias("reason"),
         detail.alias("detail"),
     )
@@ -692,8 +758,11 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         skipped, *[F.count_if(F.col("decoded_reason") == F.lit(r)).alias(r) for r in SKIP_REASONS]
     )
 
-    def judged_rows(frame: DataFrame, problems: Observation) -> DataFrame:
+    def judged_rows(frame: DataFrame, problems: Observation, positions: bool = False) -> DataFrame:
         """The judged lines, with ``problems`` counting those that have a problem of their own.
+
+        ``positions``: with the rest of each row's position as the quarantine stores it (``RAW_POSITION``),
+        for the quarantine's pass only; the accepted pass does not carry them.
 
         The observation is also what keeps every filter on ``reason`` above the judging. Spark
         moves a filter below a projection by writing each column it names as that column's
@@ -710,6 +779,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
             "source_file",
             "raw",
             "raw_replica",
+            *([c for c in RAW_POSITION.values() if c != "raw_replica"] if positions else []),
             "reason",
             "detail",
             F.expr(_line_bucket_sql()).alias("line_bucket"),
@@ -785,7 +855,9 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         # The buckets are one SQL text (a Column per bucket would be a round trip to the JVM each).
         listed = ", ".join(map(str, buckets or ()))
         in_buckets = lines if buckets is None else lines.where(f"{_line_bucket_sql()} IN ({listed})")
-        judged = judged_rows(in_buckets, Observation())
+        judged = judged_rows(in_buckets, Observation(), positions=True)
+        # Where the quarantined row stood, as far as it says (RawTopicQuarantine).
+        stood = [F.col(column).alias(name) for name, column in RAW_POSITION.items()]
         quarantine_struct = RawTopicQuarantine.to_structtype()
         wanted = []
         if own:
@@ -795,9 +867,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         rows = judged.where(reduce(Column.__or__, wanted))
         if not conflicting:
             return conform(
-                rows.select(
-                    "snapshot_id", "source_file", F.col("raw_replica").alias("replica"), "raw", "reason", "detail"
-                ),
+                rows.select("snapshot_id", "source_file", *stood, "raw", "reason", "detail"),
                 quarantine_struct,
             )
         # Both parts from this one read: the rows with problems of their own go through the exchange by position
@@ -806,7 +876,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         # whoever shares its window. Their text is carried through, never read again for a join.
         own_line = F.when(~candidate, F.col("line_bucket"))
         windowed = at_positions(
-            rows, ("raw", "raw_replica", "reason", "detail"), at_position.partitionBy(*position, own_line)
+            rows, ("raw", *RAW_POSITION.values(), "reason", "detail"), at_position.partitionBy(*position, own_line)
         )
         conflict_detail = F.format_string(
             "%d rows at replica %s, topic %s, partition %d, offset %d do not all have the same content",
@@ -819,7 +889,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         quarantined = windowed.where(~candidate | F.col("conflicting")).select(
             "snapshot_id",
             "source_file",
-            F.col("raw_replica").alias("replica"),
+            *stood,
             "raw",
             F.coalesce("reason", F.lit("CONFLICTING_POSITION")).alias("reason"),
             F.when(candidate, conflict_detail).otherwise(F.col("detail")).alias("detail"),
@@ -846,23 +916,32 @@ def accounting_from_tables(
     """Row accounting of one snapshot from its accepted and quarantined tables: one aggregation each.
 
     rows_read = rows_accepted (sum of copies) + rows_quarantined + rows_skipped (raw Venice
-    records skipped by rule, ``Judgement.skipped_by_reason``: counted, stored nowhere, so not
-    split per replica: ``by_replica`` counts accepted and quarantined rows); rows_stored counts the
-    accepted table's rows (exact duplicates stored once). Per replica the same split; a
-    quarantined row counts under the replica it names, or "<unknown>". ``quarantined_df``
-    None: the quarantine is known to be empty (no Spark job for it; in a fresh JVM even an
+    records skipped by rule, ``Judgement.skipped_by_reason``, as many as ``raw_topic_skipped``
+    holds; not split per replica: ``by_replica`` counts accepted and quarantined rows); rows_stored
+    counts the accepted table's rows (exact duplicates stored once). Per replica the same split; a
+    quarantined row counts under the replica it names, or "<unknown>". ``quarantined_positions``:
+    the distinct positions (``QUARANTINE_POSITION``) the quarantined rows name, by the same query.
+    ``quarantined_df`` None: the quarantine is known to be empty (no Spark job for it; in a fresh JVM even an
     aggregation of no rows costs about a second).
     """
     accepted = accepted_df.groupBy("replica").agg(
         F.sum("copies").alias("accepted"), F.count(F.lit(1)).alias("stored")
     ).collect()
+    # One query: rows per (replica, reason) and, over all of them (the rollup's total, which also yields a row per
+    # replica, unused), the distinct positions quarantined rows name.
     quarantined = (
         []
         if quarantined_df is None
-        else quarantined_df.groupBy(
-            F.coalesce(F.col("replica"), F.lit(UNKNOWN_REPLICA)).alias("replica"), "reason"
+        else quarantined_df.select(
+            F.coalesce(F.col("replica"), F.lit(UNKNOWN_REPLICA)).alias("counted_as"), "reason", *QUARANTINE_POSITION
         )
-        .agg(F.count(F.lit(1)).alias("rows"))
+        .rollup("counted_as", "reason")
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.count_distinct(*QUARANTINE_POSITION).alias("positions"),
+            F.grouping("counted_as").alias("all_replicas"),
+            F.grouping("reason").alias("all_reasons"),
+        )
         .collect()
     )
     by_replica: dict[str, dict[str, int]] = {}
@@ -876,8 +955,13 @@ def accounting_from_tables(
         counts["stored"] += int(row["stored"])
         counts["read"] += int(row["accepted"])
     by_reason: dict[str, int] = {}
+    positions = 0
     for row in quarantined:
-        counts = replica_counts(row["replica"])
+        if row["all_replicas"]:
+            positions = int(row["positions"])
+        if row["all_reasons"]:
+            continue
+        counts = replica_counts(row["counted_as"])
         counts["quarantined"] += int(row["rows"])
         counts["read"] += int(row["rows"])
         by_reason[row["reason"]] = by_reason.get(row["reason"], 0) + int(row["rows"])
@@ -893,6 +977,21 @@ def accounting_from_tables(
         "rows_accepted": rows_accepted,
         "rows_stored": sum(c["stored"] for c in by_replica.values()),
         "rows_quarantined": rows_quarantined,
+        "quarantined_positions": positions,
         "by_reason": dict(sorted(by_reason.items())),
         "by_replica": dict(sorted(by_replica.items())),
     }
+
+
+def quarantined_positions(quarantine: DataFrame) -> DataFrame:
+    """Per replica partition, the positions its quarantined rows name: ``(snapshot_id, replica, topic, partition,
+    positions)``, one row per replica partition that has any.
+
+    From ``raw_topic_quarantine`` rows; those whose position is not known (``QUARANTINE_POSITION``: a malformed
+    line, an unreadable file, a row without an offset) count nowhere, and several rows at one position
+    (CONFLICTING_POSITION) count once. Such a position is a gap of one position in the dump (SPEC 3a), lost
+    to the quarantine rather than to compaction, unless a valid row at it was accepted beside the broken one.
+    """
+    keys = ("snapshot_id", "replica", "topic", "partition")
+    known = reduce(Column.__and__, [F.col(c).isNotNull() for c in QUARANTINE_POSITION])
+    return quarantine.where(known).groupBy(*keys).agg(F.count_distinct("offset").cast(T.LongType()).alias("positions"))

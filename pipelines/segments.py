@@ -69,10 +69,14 @@ def _resolved_ts(regions: list[str], upto: Window) -> Column:
 
 
 def _with_read_positions(rows: DataFrame, read_positions: DataFrame | None) -> DataFrame:
-    """``rows`` and, as rows of kind null, the positions read that hold no row (ordered with them, then dropped)."""
+    """``rows`` and, as rows of kind null, the positions read that hold no row (ordered with them, then dropped).
+
+    Each position once: a record read twice (a file delivered twice) is one position, and counting it twice
+    would take one from ``missing_before`` of every later row.
+    """
     if read_positions is None:
         return rows
-    markers = read_positions.select(
+    markers = read_positions.select(*PARTITION_KEYS, "offset").distinct().select(
         *PARTITION_KEYS, "offset", *[F.lit(None).cast(f.dataType).alias(f.name) for f in rows.schema.fields
                                      if f.name not in (*PARTITION_KEYS, "offset")]
     )

@@ -74,7 +74,9 @@ empty checkpoint vector): Venice stamps are whole milliseconds, so a write_ts's 
 do not survive (a write_ts whose ms is 0 decodes to null). It cannot encode EXPORTER_POSITION (no Venice
 record) nor a heartbeat's hb_vector (a Venice heartbeat carries one component).
 
-Outcome: ``{"outcome": "row"|"skipped"|"quarantined", "reason": str|None, "row": dict|None}``.
+Outcome: ``{"outcome": "row"|"skipped"|"quarantined", "reason": str|None, "row": dict|None}``. ``row`` is
+the SPEC 1 row; for a skipped record, its position (replica/topic/partition/offset) and ``control_message``,
+the control message's type name (END_OF_PUSH, START_OF_SEGMENT, ...): the position was read (SPEC 3a).
 """
 from __future__ import annotations
 
@@ -100,6 +102,9 @@ HLC_LOGICAL_BITS = 18  # SPEC write_ts = physical_ms << 18 | logical
 _MAX_RMD_MS = (1 << (63 - HLC_LOGICAL_BITS)) - 1  # ms << 18 must stay a non-negative int64
 MT_PUT, MT_DELETE, MT_CONTROL, MT_UPDATE = 0, 1, 2, 3
 CM_START_OF_PUSH, CM_START_OF_SEGMENT = 0, 2
+# ControlMessageType names by number (ControlMessageType.java; the branch order of controlMessageUnion).
+CONTROL_MESSAGE_TYPES = ("START_OF_PUSH", "END_OF_PUSH", "START_OF_SEGMENT", "END_OF_SEGMENT", "START_OF_BUFFER_REPLAY",
+                         "START_OF_INCREMENTAL_PUSH", "END_OF_INCREMENTAL_PUSH", "TOPIC_SWITCH", "VERSION_SWAP")
 
 # Java UUID.nameUUIDFromBytes: MD5 of the name with the version-3 and IETF variant bits set.
 HEARTBEAT_GUID = uuid.UUID(bytes=hashlib.md5(b"heartbeatControlMessage").digest(), version=3).bytes
@@ -195,6 +200,13 @@ def rmd_payload(write_ts: int | None) -> tuple[int, bytes]:
     return RMD_VERSION_ID, b"\x00" + _zigzag(write_ts >> HLC_LOGICAL_BITS) + b"\x00"
 
 
+def control_message_name(control_message_type: int) -> str:
+    """Venice's name of a controlMessageType (``CONTROL_MESSAGE_TYPES``), or ``TYPE_<n>`` for one it does not name."""
+    if 0 <= control_message_type < len(CONTROL_MESSAGE_TYPES):
+        return CONTROL_MESSAGE_TYPES[control_message_type]
+    return f"TYPE_{control_message_type}"
+
+
 def decode_record(
     key: bytes,
     value: bytes,
@@ -240,7 +252,7 @@ def decode_record(
         if cmt == CM_START_OF_PUSH:
             return _out("row", None, {**base, "kind": "START_OF_PUSH"})
         if not (cmt == CM_START_OF_SEGMENT and key_bytes == HEARTBEAT_KEY_BYTES):
-            return _out("skipped", "CONTROL_MESSAGE")
+            return _out("skipped", "CONTROL_MESSAGE", {**base, "control_message": control_message_name(cmt)})
     if mt == MT_PUT and payload["schemaId"] < 0:
         return _out("quarantined", "CHUNKED_VALUE")
     if mt == MT_PUT and compressed:

@@ -2,7 +2,9 @@
 on the executors (mapInArrow). Input: Spark Kafka source columns (key, value, topic, partition,
 offset, timestamp) plus ``region`` (the region whose version topic was read -> ``replica``).
 Output: the SPEC 1 message columns (schemas.raw.MESSAGE_FIELDS) plus ``outcome``
-('row' | 'skipped' | 'quarantined') and ``reason``; one output row per input row.
+('row' | 'skipped' | 'quarantined'), ``reason`` and ``control_message`` (a skipped control
+message's type name); one output row per input row. replica/topic/partition/offset are the
+Kafka record's whatever the outcome.
 An unknown upstream cluster id fails the job (UnknownClusterId, naming the ids).
 
 ``venice_lines`` is what ingestion uses (pipelines/ingest.py): the decoded records as the
@@ -10,7 +12,10 @@ text rows every other format becomes, ``(source_file, raw, read_error, decoded_r
 decoded row's ``raw`` is its SPEC 1 message as JSON, so it is judged (types, required fields,
 conflicting positions, duplicates) exactly like a JSONL line; a record the decoder skipped or
 quarantined carries the decoder's reason in ``decoded_reason`` and, as ``raw``, the Kafka
-record as JSON (key and value in base64), for the quarantine."""
+record as JSON (key and value in base64), for the quarantine.
+
+``venice_skipped_positions`` gives the positions of the records skipped by rule (read, though
+they hold no row: SPEC 3a), decoding only the control records, the only ones that can be."""
 from __future__ import annotations
 
 import re
@@ -28,7 +33,8 @@ from schemas.raw import MESSAGE_FIELDS
 
 OUTPUT_SCHEMA = T.StructType(
     [T.StructField(n, t, True) for n, t in MESSAGE_FIELDS.items()]
-    + [T.StructField("outcome", T.StringType(), False), T.StructField("reason", T.StringType(), True)]
+    + [T.StructField("outcome", T.StringType(), False), T.StructField("reason", T.StringType(), True),
+       T.StructField("control_message", T.StringType(), True)]
 )
 
 # Shipped by value: the executors need not have the project installed (as pipelines/leapfrog.py).
@@ -66,12 +72,13 @@ def decode_venice_frame(
     arrow_schema = pa.schema(
         [(n, pa.map_(pa.string(), pa.int64()) if n == "hb_vector" else
           {T.StringType: pa.string(), T.IntegerType: pa.int32(), T.LongType: pa.int64()}[type(MESSAGE_FIELDS[n])])
-         for n in names] + [("outcome", pa.string()), ("reason", pa.string())] + [(n, pa.string()) for n in keep]
+         for n in names] + [("outcome", pa.string()), ("reason", pa.string()), ("control_message", pa.string())]
+        + [(n, pa.string()) for n in keep]
     )
 
     def run(batches):
         for batch in batches:
-            cols = {n: [] for n in names + ["outcome", "reason"] + keep}
+            cols = {n: [] for n in names + ["outcome", "reason", "control_message"] + keep}
             for r in batch.to_pylist():
                 got = venice.decode_record(
                     r["key"], r["value"], replica=r["region"], topic=r["topic"], partition=r["partition"],
@@ -84,6 +91,7 @@ def decode_venice_frame(
                     cols[n].append(row.get(n))
                 cols["outcome"].append(got["outcome"])
                 cols["reason"].append(got["reason"])
+                cols["control_message"].append(row.get("control_message"))
                 for n in keep:
                     cols[n].append(r[n])
             yield pa.RecordBatch.from_pydict(cols, schema=arrow_schema)
@@ -152,4 +160,22 @@ def venice_lines(
         F.when(is_row, message).otherwise(F.col("record_json")).alias("raw"),
         F.lit(None).cast(T.StringType()).alias("read_error"),
         F.when(is_row, F.lit(None).cast(T.StringType())).otherwise(F.col("reason")).alias("decoded_reason"),
+    )
+
+
+def venice_skipped_positions(
+    records: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int
+) -> DataFrame:
+    """Kafka records (with ``source_file``) -> those the decoder skips by rule, as positions:
+    ``(source_file, replica, topic, partition, offset, reason, control_message)``.
+
+    Only a control record (key header byte CONTROL_MESSAGE) can be skipped: ``decode_record``
+    quarantines any other record whose envelope is a control message. So only those are decoded
+    (START_OF_PUSH, heartbeats and the skipped ones: a few of a version topic's records), on the
+    key's first byte, which Spark reads from the Parquet files without Python.
+    """
+    control = records.where(F.substring("key", 1, 1) == F.lit(bytearray([venice.KEY_HEADER_CONTROL])))
+    decoded = decode_venice_frame(control, cluster_regions, clock_uncertainty_ms, passthrough=("source_file",))
+    return decoded.where(F.col("outcome") == F.lit("skipped")).select(
+        "source_file", "replica", "topic", "partition", "offset", "reason", "control_message"
     )

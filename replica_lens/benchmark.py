@@ -839,6 +839,7 @@ def _rows_in(step: str, landing_rows: int, metadata: dict[str, dict]) -> Optiona
 def _step_of(asset: str) -> str:
     companions = {
         "raw_topic_quarantine": "raw_topic_snapshots",
+        "raw_topic_skipped": "raw_topic_snapshots",
         "heartbeat_segment_summary": "heartbeat_segments",
         "partition_watermarks": "reconstructed_watermarks",
         "divergence_summary": "divergence_reports",

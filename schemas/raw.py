@@ -83,8 +83,8 @@ QUARANTINE_REASONS = (
 )
 
 # Why a raw Venice record is skipped by rule: it is not a message of SPEC 1 (a control message
-# other than START_OF_PUSH and heartbeats). Skipped rows are counted, not stored:
-# rows read = accepted + quarantined + skipped.
+# other than START_OF_PUSH and heartbeats). Skipped rows are not judged; their positions are
+# kept (``RawTopicSkipped``): rows read = accepted + quarantined + skipped.
 SKIP_REASONS = ("CONTROL_MESSAGE",)
 
 
@@ -130,6 +130,13 @@ class RawTopicQuarantine(pa.DataFrameModel):
     # The row's "replica" when it is a JSON string (so quarantine can be counted per
     # replica); null when the row has none or the file could not be read.
     replica: T.StringType() = pa.Field(nullable=True)
+    # Its position, each field as "replica" is: when the row has it with its JSON type (and,
+    # for partition and offset, not negative); null otherwise. A raw Venice record the decoder
+    # quarantined has its Kafka record's. With replica, a known position: a gap of one
+    # position in the dump (SPEC 3a).
+    topic: T.StringType() = pa.Field(nullable=True)
+    partition: T.IntegerType() = pa.Field(nullable=True, ge=0)
+    offset: T.LongType() = pa.Field(nullable=True, ge=0)
     # The row as read (a JSON line, or a Parquet row rendered as JSON); null when the
     # file itself could not be read past some point (reason UNREADABLE_FILE).
     raw: T.StringType() = pa.Field(nullable=True)
@@ -138,4 +145,23 @@ class RawTopicQuarantine(pa.DataFrameModel):
 
     class Config:
         name = "raw_topic_quarantine"
+        strict = True
+
+
+class RawTopicSkipped(pa.DataFrameModel):
+    """Positions of the raw Venice records skipped by rule: read, so not gaps (SPEC 3a), though they hold no row."""
+
+    snapshot_id: T.StringType() = pa.Field(nullable=False)
+    source_file: T.StringType() = pa.Field(nullable=False)
+    # The Kafka record's position: the region whose version topic was read, topic, partition, offset.
+    replica: T.StringType() = pa.Field(nullable=False)
+    topic: T.StringType() = pa.Field(nullable=False)
+    partition: T.IntegerType() = pa.Field(nullable=False, ge=0)
+    offset: T.LongType() = pa.Field(nullable=False, ge=0)
+    reason: T.StringType() = pa.Field(nullable=False, isin=list(SKIP_REASONS))
+    # Venice's ControlMessageType name (END_OF_PUSH, START_OF_SEGMENT, ...) of a skipped control message.
+    control_message: T.StringType() = pa.Field(nullable=True)
+
+    class Config:
+        name = "raw_topic_skipped"
         strict = True

@@ -15,7 +15,7 @@ from schemas.operations import (
     ReplicationLag,
     StreamAnomalies,
 )
-from schemas.raw import RawTopicQuarantine, RawTopicSnapshots
+from schemas.raw import RawTopicQuarantine, RawTopicSkipped, RawTopicSnapshots
 from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
 from schemas.state import ReplicaState
 from schemas.trend import AuditTrend
@@ -26,6 +26,7 @@ _MODELS: dict[str, type[pa.DataFrameModel]] = {
     for model in (
         RawTopicSnapshots,
         RawTopicQuarantine,
+        RawTopicSkipped,
         HeartbeatSegments,
         HeartbeatSegmentSummary,
         ReconstructedWatermarks,

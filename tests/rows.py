@@ -26,6 +26,7 @@ EXAMPLES = Path(__file__).resolve().parent / "data"
 PER_SNAPSHOT_TABLES = (
     "raw_topic_snapshots",
     "raw_topic_quarantine",
+    "raw_topic_skipped",
     "heartbeat_segments",
     "heartbeat_segment_summary",
     "reconstructed_watermarks",

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.slow
 
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 TABLES = (
-    "raw_topic_snapshots", "raw_topic_quarantine", "heartbeat_segments", "heartbeat_segment_summary",
-    "reconstructed_watermarks", "partition_watermarks", "divergence_reports", "divergence_summary",
+    "raw_topic_snapshots", "raw_topic_quarantine", "raw_topic_skipped", "heartbeat_segments",
+    "heartbeat_segment_summary", "reconstructed_watermarks", "partition_watermarks", "divergence_reports", "divergence_summary",
     "replica_state", "stream_anomalies", "heartbeat_lag", "replication_lag", "exporter_positions",
     "exporter_regressions", "compaction_bounds",
 )

@@ -195,8 +195,11 @@ def test_start_of_push_and_skips():
     # START_OF_SEGMENT under a producer's own key is a DIV segment start, not a heartbeat.
     got = control(14, 2, "StartOfSegment", SOS, b"\x02" + b"\x07" * 16 + bytes(8), footer(14, 1, 0))
     assert (got["outcome"], got["reason"]) == ("skipped", "CONTROL_MESSAGE")
+    assert got["row"] == {**BASE, "control_message": "START_OF_SEGMENT"}
     got = control(14, 1, "EndOfPush", {}, b"\x02" + b"\x07" * 16 + bytes(8))
     assert (got["outcome"], got["reason"]) == ("skipped", "CONTROL_MESSAGE")
+    # A skipped record keeps its Kafka position (read, so not a gap: SPEC 3a) and says which control message it was.
+    assert got["row"] == {**BASE, "control_message": "END_OF_PUSH"}
 
 
 def test_quarantines_and_unknown_cluster():
@@ -290,6 +293,7 @@ def test_decode_venice_frame_accounts_for_every_row(spark):
     assert len(out) == len(recs)
     assert [r["outcome"] for r in out] == ["row", "row", "row", "quarantined", "quarantined", "skipped"]
     assert [r["reason"] for r in out][3:] == ["UNKNOWN_PROTOCOL_VERSION", "MALFORMED_RECORD", "CONTROL_MESSAGE"]
+    assert [r["control_message"] for r in out] == [None] * 5 + ["END_OF_PUSH"]
     for got, want in zip(out[:3], rows_in):
         d = {k: v for k, v in got.asDict().items() if v is not None and k not in ("outcome", "reason")}
         assert d == {k: v for k, v in want.items() if v is not None}
