@@ -163,6 +163,9 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
                 f"    {replica:<12} read {counts.get('read')}  accepted {counts.get('accepted')}"
                 f"  quarantined {counts.get('quarantined')}"
             )
+    lost = int(audit.value("raw_topic_quarantine", "quarantined_positions", 0) or 0)
+    if lost:
+        lines.append(f"  positions lost to quarantine: {lost}, each a gap of one position in its dump (raw_topic_quarantine)")
     div = audit.metadata.get("divergence_reports")
     if div:
         lines.append(
@@ -420,6 +423,7 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
             name: raw.get(f"rows_{name}") for name in ("read", "accepted", "quarantined", "skipped")
         } | {"duplicates_collapsed": raw.get("duplicates_collapsed")},
         "quarantined_by_reason": quarantine.get("by_reason") or {},
+        "quarantined_positions": quarantine.get("quarantined_positions"),
         "verdicts": {
             name: divergence.get(f"keys_{name}") for name in ("compared", "consistent", "divergent", "missing", "in_flight")
         },
