@@ -78,6 +78,7 @@ from pyspark.sql import types as T
 from pipelines.frames import observed
 from pipelines.gzip_lines import BLANK, gzip_file_batches
 from resources.filesystem import Location
+from resources.snapshots import SUCCESS_MARKER
 from schemas.conform import conform, local_frame
 from pipelines.venice_frame import REASON_DETAIL, cluster_ids_in, venice_lines, venice_skipped_positions
 from schemas.raw import (
@@ -93,7 +94,6 @@ from schemas.raw import (
     RawTopicSnapshots,
 )
 
-SUCCESS_MARKER = "_SUCCESS"
 FORMATS = ("jsonl.gz", "jsonl", "parquet")  # longest suffix first: "x.jsonl.gz" is not "jsonl"
 BYTES_PER_ROW = {"jsonl.gz": 20, "jsonl": 200, "parquet": 20}
 UNKNOWN_REPLICA = "<unknown>"
@@ -437,10 +437,7 @@ def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, tup
 
     The text is a ``concat_ws`` of one piece per possible problem; the caller builds it only
     for rows whose flag is set (``F.when(flag, text)``), so the great majority of rows, which
-    have no problem, never assemble five empty strings. With the blank test of ``_text_lines``,
-    the judged and accepted rows of the benchmark's 2M-row snapshot (warm JVM, ``noop`` write,
-    two alternating processes of three runs each against ``fad6826``): 15.8-16.3 s against
-    16.4-18.1 s (docs/performance.md).
+    have no problem, never assemble five empty strings (docs/performance.md, the levers table).
     """
 
     def kinds_with(table: dict[str, tuple[str, ...]], name: str) -> Column:
@@ -646,8 +643,8 @@ class Judgement:
     the bitmaps' buckets (a hash of the text, no parse, for the others), with only the
     parts the counts call for: the rows with a problem of their own when there are any, the
     conflicting positions (an exchange and sort of those lines by position, each carrying
-    its text) only when there are any. The 2M-row benchmark snapshot with 48 bad lines:
-    the quarantine 1.1 s against 24.7 s judging every line (warm JVM, ``noop``).
+    its text) only when there are any: a small part of judging every line again
+    (docs/performance.md, ``dirty``).
 
     Judging a subset of the lines quarantines the same rows. Every quarantined line is in
     its bucket. A row's own problems are its own. Every candidate at a conflicting position
@@ -768,9 +765,8 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         moves a filter below a projection by writing each column it names as that column's
         expression, and does so projection after projection, so a filter on ``reason`` placed
         right on these rows would end up below the parse, holding its own ``from_json`` for
-        every flag that the reason is made of: 988 parses of every line instead of 2 (a
-        150,001-line snapshot with one bad line: 210 s for the quarantine against 6.8 s for the
-        accepted rows, warm JVM). A filter cannot move below an observation, which would then
+        every flag that the reason is made of: 988 parses of every line instead of 2. A filter
+        cannot move below an observation, which would then
         count other rows, so each line is parsed and judged once and the filters come after.
         """
         checked = _checked_rows(frame.where(~skip), snapshot_id)

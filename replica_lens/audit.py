@@ -408,7 +408,7 @@ class StepPrinter:
 
 
 def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
-    """One snapshot's audit as plain JSON values: what ``--json`` writes (documented in the README)."""
+    """One snapshot's audit as plain JSON values: what ``--json`` writes (documented in docs/operations.md)."""
     raw = audit.metadata.get("raw_topic_snapshots", {})
     quarantine = audit.metadata.get("raw_topic_quarantine", {})
     divergence = audit.metadata.get("divergence_reports", {})
