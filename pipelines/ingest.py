@@ -659,7 +659,7 @@ class Judgement:
 
     The ``quarantined`` frame judges every line, for callers that ask before the accepted
     rows are computed. Either plan is built only when it is asked for: building and
-    analysing it costs the driver about a second in a fresh JVM.
+    analysing it costs the driver noticeable time in a fresh JVM.
     """
 
     accepted: DataFrame
@@ -842,7 +842,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
 
         ``buckets`` None: every line is judged.
 
-        Built only here (about a second of the driver's time in a fresh JVM; most snapshots have no bad row). The
+        Built only here (planning it costs the driver time in a fresh JVM; most snapshots have no bad row). The
         lines are judged again without the accepted pass's observations (an Observation serves one query).
         """
         # Only the lines in the buckets of quarantined lines are judged: a quarantined line is in one. Judged alone,
@@ -918,7 +918,7 @@ def accounting_from_tables(
     quarantined row counts under the replica it names, or "<unknown>". ``quarantined_positions``:
     the distinct positions (``QUARANTINE_POSITION``) the quarantined rows name, by the same query.
     ``quarantined_df`` None: the quarantine is known to be empty (no Spark job for it; in a fresh JVM even an
-    aggregation of no rows costs about a second).
+    aggregation of no rows is not free).
     """
     accepted = accepted_df.groupBy("replica").agg(
         F.sum("copies").alias("accepted"), F.count(F.lit(1)).alias("stored")
