@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from resources.errors import InvalidSetting, UsageError
-from resources.snapshots import SNAPSHOT_ID, SUCCESS_MARKER
+from resources.snapshots import SUCCESS_MARKER, check_snapshot_id
 
 __all__ = [
     "SimulationConfig",
@@ -1421,8 +1421,7 @@ def simulate(
 
     ``progress(done, total, rows)`` is called after each topic partition is written, with
     the partitions done, their total and the rows written so far."""
-    if not isinstance(snapshot_id, str) or not SNAPSHOT_ID.fullmatch(snapshot_id):
-        raise InvalidSetting(f"refusing snapshot id {snapshot_id!r}: it must match [A-Za-z0-9][A-Za-z0-9._-]{{0,127}}")
+    check_snapshot_id(snapshot_id)
     if not isinstance(config, SimulationConfig):
         raise TypeError("config must be a SimulationConfig")
     config.__post_init__()  # fields may have been changed after construction
