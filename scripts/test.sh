@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # Debian's Chromium for the browser test (skipped, with the reason, where it cannot be installed).
 ./scripts/setup-browser.sh
-# The slowest tests are listed at the end of every run (the suite is kept within 12 minutes).
+# The 15 slowest tests are listed at the end of every run, so that a test that grows slow shows.
 exec .venv/bin/python -m pytest --durations=15 "$@"
