@@ -43,8 +43,8 @@ def test_a_table_in_the_middle_that_breaks_its_schema_is_not_published_and_block
 
     real = assets.watermarks.reconstruct_watermarks
 
-    def broken(*args):  # a regression that writes negative offsets
-        return real(*args).withColumn("offset", F.lit(-1).cast("bigint"))
+    def broken(*args, **kwargs):  # a regression that writes negative offsets
+        return real(*args, **kwargs).withColumn("offset", F.lit(-1).cast("bigint"))
 
     monkeypatch.setattr(assets.watermarks, "reconstruct_watermarks", broken)
     audit = run_audit(SNAPSHOT, str(landing), str(warehouse), **SETTINGS)
