@@ -31,7 +31,7 @@ def store(tmp_path) -> DeltaStore:
 
 
 def _quarantine(spark, n: int):
-    rows = [("s1", "f.jsonl", "dc-a", "{}", "MISSING_FIELD", "kind") for _ in range(n)]
+    rows = [("s1", "f.jsonl", "dc-a", "orders", 0, 7, "{}", "MISSING_FIELD", "kind") for _ in range(n)]
     return spark.createDataFrame(rows, struct_for(QUARANTINE))
 
 
