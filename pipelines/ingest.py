@@ -978,16 +978,3 @@ def accounting_from_tables(
         "by_replica": dict(sorted(by_replica.items())),
     }
 
-
-def quarantined_positions(quarantine: DataFrame) -> DataFrame:
-    """Per replica partition, the positions its quarantined rows name: ``(snapshot_id, replica, topic, partition,
-    positions)``, one row per replica partition that has any.
-
-    From ``raw_topic_quarantine`` rows; those whose position is not known (``QUARANTINE_POSITION``: a malformed
-    line, an unreadable file, a row without an offset) count nowhere, and several rows at one position
-    (CONFLICTING_POSITION) count once. Such a position is a gap of one position in the dump (SPEC 3a), lost
-    to the quarantine rather than to compaction, unless a valid row at it was accepted beside the broken one.
-    """
-    keys = ("snapshot_id", "replica", "topic", "partition")
-    known = reduce(Column.__and__, [F.col(c).isNotNull() for c in QUARANTINE_POSITION])
-    return quarantine.where(known).groupBy(*keys).agg(F.count_distinct("offset").cast(T.LongType()).alias("positions"))

@@ -86,7 +86,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.state import LAST_VERSION_COLUMNS
+from pipelines.state import LAST_VERSION_COLUMNS, kept_where_gapped
+from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
 from schemas.conform import conform, local_batches, local_frame
 from schemas.raw import VECTOR
@@ -500,11 +501,8 @@ def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFram
     """
     regions = layout.regions
     # ⊥'s reach stops at the dump's first gap (SPEC 3a): a row after it gives that gap's L, not its own.
-    bottom_reach = F.when(
-        (F.col("missing_before") == 0) | F.col("first_gap_lower_bound").isNull(), F.col("applied_lower_bound")
-    ).otherwise(F.col("first_gap_lower_bound"))
     dense_of = {"u": dense(F.col("touch_bound"), regions), "m": dense(F.col("reach"), regions),
-                "l": dense(bottom_reach, regions)}
+                "l": dense(bottom_reach(), regions)}
     flat = row_watermarks.join(F.broadcast(ids), on=list(REPLICA_PARTITION), how="inner").select(
         "part_id", "replica_id", "key", "offset", F.col("value_hash").alias("token"),
         F.col("touch_bound").isNotNull().alias("known"), F.col("missing_before").alias("missing"),
@@ -592,20 +590,21 @@ def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
 
 
 def _gap_bounds(regions: list[str], gaps: bool) -> list[Column]:
-    """A last version's ``touch_bound``, ``reach`` and ``missing_before`` where a stream has gaps, else nulls.
+    """A last version's ``touch_bound``, ``reach`` and ``missing_before`` where its stream has a gap, else nulls.
 
     Without a gap the next snapshot recomputes both bounds from the state's other columns
-    (section 3), so they are not kept.
+    (section 3), so they are not kept (``kept_where_gapped``); without any gap in the
+    comparison the pass does not even return them.
     """
     if not gaps:
         return [F.lit(None).cast(VECTOR).alias("touch_bound"), F.lit(None).cast(VECTOR).alias("reach"),
                 F.lit(None).cast(T.LongType()).alias("missing_before")]
-    return [
-        F.when(F.col("last_known"), sparse([F.col(f"last_touch_{r}") for r in range(len(regions))], regions))
-        .alias("touch_bound"),
-        sparse([F.col(f"last_reach_{r}") for r in range(len(regions))], regions).alias("reach"),
-        F.col("last_missing").alias("missing_before"),
-    ]
+    return kept_where_gapped({
+        "touch_bound": F.when(F.col("last_known"), sparse([F.col(f"last_touch_{r}") for r in range(len(regions))],
+                                                           regions)),
+        "reach": sparse([F.col(f"last_reach_{r}") for r in range(len(regions))], regions),
+        "missing_before": F.col("last_missing"),
+    })
 
 
 @dataclass(frozen=True)

@@ -125,9 +125,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
+from pipelines.watermarks import bottom_reach
 from pipelines.vectors import partition_regions, running_max_single, sparse, vector_max
 from schemas.conform import conform, local_frame
-from schemas.raw import MESSAGE_FIELDS, VECTOR
+from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
@@ -735,6 +736,18 @@ def _as_state(df: DataFrame) -> DataFrame:
     return conform(df, struct, {f.name: F.lit(None) for f in struct.fields if f.name not in present})
 
 
+def kept_where_gapped(columns: dict[str, Column]) -> list[Column]:
+    """Each of ``columns`` (name -> column) where the row's stream has a gap (its ``first_gap_lower_bound`` is
+    set), else null.
+
+    What a VERSION row keeps of its own ``U``, ``M`` and ``missing_before``: a stream without a
+    gap recomputes them from the state's other columns, and a state without them keeps the
+    columns (and the checksum) of one written before gaps were known.
+    """
+    gapped = F.col("first_gap_lower_bound").isNotNull()
+    return [F.when(gapped, column).alias(name) for name, column in columns.items()]
+
+
 def last_versions_of(row_wm: DataFrame, partition_wm: DataFrame, regions: Sequence[str]) -> DataFrame:
     """Every key's last version per replica partition of ``row_wm``, aggregated by Spark (``Comparison.last_versions``'s rows).
 
@@ -742,22 +755,17 @@ def last_versions_of(row_wm: DataFrame, partition_wm: DataFrame, regions: Sequen
     aggregation (an exchange and sort of every row) serves a state built without it.
     """
     rp = list(REPLICA_PARTITION)
-    # As the comparison keeps them: a last version's own bounds only where some stream has a gap.
-    gapped = partition_wm.where(F.col("first_gap_lower_bound").isNotNull()).limit(1).count() > 0
-    own = [F.col(c) if gapped else F.lit(None).cast(VECTOR if c != "missing_before" else T.LongType()).alias(c)
-           for c in ("touch_bound", "reach", "missing_before")]
-    last = F.struct(*[F.col(c) for c in LAST_VERSION_COLUMNS], *own)
+    # As the comparison keeps them: a last version's own bounds only where its stream has a gap.
+    last = F.struct(*[F.col(c) for c in LAST_VERSION_COLUMNS],
+                    *kept_where_gapped({c: F.col(c) for c in ("touch_bound", "reach", "missing_before")}))
     # ⊥'s reach stops at the dump's first gap (SPEC 3a), as in the comparison.
     gaps = partition_wm.select("snapshot_id", *rp, "first_gap_lower_bound")
-    bottom_reach = F.when(
-        (F.col("missing_before") == 0) | F.col("first_gap_lower_bound").isNull(), F.col("applied_lower_bound")
-    ).otherwise(F.col("first_gap_lower_bound"))
     return row_wm.join(F.broadcast(gaps), on=["snapshot_id", *rp], how="inner").groupBy(
         "snapshot_id", *rp, "key"
     ).agg(
         F.max_by(last, "offset").alias("last"),
         # A carried version is its key's first row: its applied_lower_bound is the stored first_lower_bound.
-        F.min_by(bottom_reach, "offset").alias("first_lower_bound"),
+        F.min_by(bottom_reach(), "offset").alias("first_lower_bound"),
         sparse([F.max(F.when(F.col("source_region") == F.lit(r), F.col("source_offset"))) for r in regions],
                regions).alias("touched"),
     ).select("snapshot_id", *rp, "key", "last.*", "first_lower_bound", "touched")

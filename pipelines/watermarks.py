@@ -38,6 +38,14 @@ def value_token() -> Column:
     return F.when(F.col("kind") == "DELETE", F.lit(TOMBSTONE)).otherwise(F.sha2(F.col("value"), 256))
 
 
+def bottom_reach() -> Column:
+    """The reach ⊥ would have if this row were its key's first: its ``L``, or ``L`` at the dump's first gap when one
+    lies before the row (SPEC 3a). Over a data row with its dump's ``first_gap_lower_bound`` beside it."""
+    return F.when(
+        (F.col("missing_before") == 0) | F.col("first_gap_lower_bound").isNull(), F.col("applied_lower_bound")
+    ).otherwise(F.col("first_gap_lower_bound"))
+
+
 def partition_watermarks(summary: DataFrame) -> DataFrame:
     """One row per replica partition: first/last offset, ``P``, ``L(end)``, final resolved timestamp, counts.
 

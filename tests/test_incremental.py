@@ -806,3 +806,9 @@ def test_a_continuing_dump_that_starts_past_the_carried_end_stops_the_carried_re
     # The state after S2 remembers the gap: positions missing in the stream, and where ⊥'s reach stops.
     (context,) = s2.state.where((F.col("row_kind") == CONTEXT) & (F.col("replica") == A)).collect()
     assert context["gap_positions"] == 3 and context["first_gap_lower_bound"] == {A: 1}
+    # A version after the gap keeps its own bounds for the next snapshot (its U cannot be recomputed from P);
+    # a stream without a gap keeps none, as a state written before gaps were known.
+    versions = {(r["replica"], r["key"]): r for r in s2.state.where(F.col("row_kind") == VERSION).collect()}
+    j_a = versions[(A, "j")]
+    assert (j_a["missing_before"], j_a["touch_bound"], j_a["reach"]) == (3, {A: 3, B: 2}, {A: 4, B: 2})
+    assert all(versions[(B, k)][c] is None for k in ("k", "j") for c in ("missing_before", "touch_bound", "reach"))
