@@ -14,7 +14,7 @@ from pipelines.ingest import (
     read_snapshot_lines,
     venice_cluster_ids,
 )
-from pipelines.venice_frame import unknown_cluster_id_in, unknown_cluster_ids_message
+from pipelines.venice_frame import UnknownPushSettings, unknown_cluster_id_in, unknown_cluster_ids_message
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource
@@ -48,8 +48,12 @@ def raw_topic_snapshots(
     files = list_snapshot_files(folder)
     # Raw Venice records, if the snapshot holds any: cluster id -> region from the landing resource.
     with spark.sized_for(files.estimated_rows()) as evaluation:
-        venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms())
-        judgement = judge_rows(read_snapshot_lines(session, folder, venice), snapshot_id)
+        venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms(), landing.push_settings())
+        try:
+            lines = read_snapshot_lines(session, folder, venice)
+        except UnknownPushSettings as exc:
+            raise dg.Failure(description=f"{exc}; no table was written") from None
+        judgement = judge_rows(lines, snapshot_id)
 
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
         try:
@@ -95,6 +99,7 @@ def raw_topic_snapshots(
             tables.frame("raw_topic_snapshots"),
             None if quarantine_empty else tables.frame("raw_topic_quarantine"),
             skipped,
+            tables.frame("raw_topic_skipped") if skipped else None,
         )
         context.log.info(
             "snapshot %s: %s rows read = %s accepted + %s quarantined + %s skipped",
@@ -116,6 +121,7 @@ def raw_topic_snapshots(
                 "files_read": len(files.data_files),
                 "files_not_read": dg.MetadataValue.json(files.other_files),
                 "by_replica": dg.MetadataValue.json(counts["by_replica"]),
+                "skipped_by_kind": dg.MetadataValue.json(counts["skipped_by_kind"]),
             },
         )
         tables.add_metadata(
@@ -129,6 +135,8 @@ def raw_topic_snapshots(
         )
         tables.add_metadata(
             "raw_topic_skipped",
-            {"rows_skipped": counts["rows_skipped"], "skipped_by_reason": dg.MetadataValue.json(counts["skipped_by_reason"])},
+            {"rows_skipped": counts["rows_skipped"], "skipped_by_reason": dg.MetadataValue.json(counts["skipped_by_reason"]),
+             # Per replica, per control message kind (DOL_STAMP, END_OF_PUSH, ...) or rule (VALUE_CHUNK, CHUNK_CLEANUP).
+             "skipped_by_kind": dg.MetadataValue.json(counts["skipped_by_kind"])},
         )
         yield from tables.publish()

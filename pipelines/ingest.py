@@ -80,7 +80,14 @@ from pipelines.gzip_lines import BLANK, gzip_file_batches
 from resources.filesystem import Location
 from resources.snapshots import SUCCESS_MARKER
 from schemas.conform import conform, local_frame
-from pipelines.venice_frame import REASON_DETAIL, cluster_ids_in, venice_lines, venice_skipped_positions
+from pipelines.venice_frame import (
+    REASON_DETAIL,
+    cluster_ids_in,
+    resolve_push_settings,
+    venice_lines,
+    venice_skipped_positions,
+)
+from pipelines.venice_values import PushSettings
 from schemas.raw import (
     SKIP_REASONS,
     FORBIDDEN_BY_KIND,
@@ -118,6 +125,8 @@ class VeniceSettings:
 
     cluster_regions: dict[int, str] = field(default_factory=dict)
     clock_uncertainty_ms: int = 0
+    # Per version topic, its compression and chunking where the snapshot holds no START_OF_PUSH of it.
+    push_settings: dict[str, PushSettings] = field(default_factory=dict)
 
 
 # What read_snapshot_lines returns. read_error is set only on the one row standing for an
@@ -306,7 +315,8 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: Venice
     for table, is_venice in tables:
         if is_venice:
             records = table.select("*", _source_file_name(table).alias("source_file"))
-            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms))
+            push = resolve_push_settings(records, venice.push_settings)
+            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, push))
             continue
         columns = [F.col("`" + name.replace("`", "``") + "`") for name in table.columns]
         frames.append(
@@ -334,15 +344,12 @@ def read_skipped_positions(
     """
     venice = venice or VeniceSettings()
     tables, _ = _parquet_tables(spark, [f for f in list_snapshot_files(folder).data_files if f.format == "parquet"])
-    frames = [
-        venice_skipped_positions(
-            table.select("*", _source_file_name(table).alias("source_file")),
-            venice.cluster_regions,
-            venice.clock_uncertainty_ms,
-        )
-        for table, is_venice in tables
-        if is_venice
-    ]
+    frames = []
+    for table, is_venice in tables:
+        if is_venice:
+            records = table.select("*", _source_file_name(table).alias("source_file"))
+            push = resolve_push_settings(records, venice.push_settings)
+            frames.append(venice_skipped_positions(records, venice.cluster_regions, venice.clock_uncertainty_ms, push))
     struct = RawTopicSkipped.to_structtype()
     if not frames:
         return local_frame(spark, [], struct)
@@ -907,18 +914,24 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
 
 
 def accounting_from_tables(
-    accepted_df: DataFrame, quarantined_df: DataFrame | None, skipped_by_reason: dict[str, int] | None = None
+    accepted_df: DataFrame,
+    quarantined_df: DataFrame | None,
+    skipped_by_reason: dict[str, int] | None = None,
+    skipped_df: DataFrame | None = None,
 ) -> dict:
     """Row accounting of one snapshot from its accepted and quarantined tables: one aggregation each.
 
     rows_read = rows_accepted (sum of copies) + rows_quarantined + rows_skipped (raw Venice
     records skipped by rule, ``Judgement.skipped_by_reason``, as many as ``raw_topic_skipped``
-    holds; not split per replica: ``by_replica`` counts accepted and quarantined rows); rows_stored
+    holds); rows_stored
     counts the accepted table's rows (exact duplicates stored once). Per replica the same split; a
     quarantined row counts under the replica it names, or "<unknown>". ``quarantined_positions``:
     the distinct positions (``QUARANTINE_POSITION``) the quarantined rows name, by the same query.
     ``quarantined_df`` None: the quarantine is known to be empty (no Spark job for it; in a fresh JVM even an
-    aggregation of no rows is not free).
+    aggregation of no rows is not free). ``skipped_df`` (the staged ``raw_topic_skipped``, None when
+    nothing was skipped) splits the skipped records per replica and kind (``skipped_kind``):
+    ``by_replica`` then counts them too (read = accepted + quarantined + skipped) and
+    ``skipped_by_kind`` lists them.
     """
     accepted = accepted_df.groupBy("replica").agg(
         F.sum("copies").alias("accepted"), F.count(F.lit(1)).alias("stored")
@@ -943,7 +956,15 @@ def accounting_from_tables(
     by_replica: dict[str, dict[str, int]] = {}
 
     def replica_counts(name: str) -> dict[str, int]:
-        return by_replica.setdefault(name, {"read": 0, "accepted": 0, "stored": 0, "quarantined": 0})
+        return by_replica.setdefault(name, {"read": 0, "accepted": 0, "stored": 0, "quarantined": 0, "skipped": 0})
+
+    skipped_by_kind: dict[str, dict[str, int]] = {}
+    if skipped_df is not None:
+        for row in skipped_df.groupBy("replica", skipped_kind().alias("kind")).count().collect():
+            counts = replica_counts(row["replica"])
+            counts["skipped"] += int(row["count"])
+            counts["read"] += int(row["count"])
+            skipped_by_kind.setdefault(row["replica"], {})[row["kind"]] = int(row["count"])
 
     for row in accepted:
         counts = replica_counts(row["replica"])
@@ -976,5 +997,12 @@ def accounting_from_tables(
         "quarantined_positions": positions,
         "by_reason": dict(sorted(by_reason.items())),
         "by_replica": dict(sorted(by_replica.items())),
+        "skipped_by_kind": {r: dict(sorted(k.items())) for r, k in sorted(skipped_by_kind.items())},
     }
+
+
+def skipped_kind() -> Column:
+    """What a skipped record was, for counting: the control message's type name (START_OF_SEGMENT,
+    DOL_STAMP, END_OF_PUSH, ...), else the rule that skipped it (VALUE_CHUNK, CHUNK_CLEANUP)."""
+    return F.coalesce(F.col("control_message"), F.col("reason"))
 

@@ -88,7 +88,9 @@ from typing import NamedTuple
 
 import fastavro
 
+import pipelines.venice_values as values
 from pipelines.venice_protocol import SUPPORTED_VERSIONS, envelope_schema_dict
+from pipelines.venice_values import NOT_DECLARED, PushSettings
 
 MAGIC_BYTE = 23
 CURRENT_PROTOCOL_VERSION = 14
@@ -109,6 +111,9 @@ CONTROL_MESSAGE_TYPES = ("START_OF_PUSH", "END_OF_PUSH", "START_OF_SEGMENT", "EN
 # Java UUID.nameUUIDFromBytes: MD5 of the name with the version-3 and IETF variant bits set.
 HEARTBEAT_GUID = uuid.UUID(bytes=hashlib.md5(b"heartbeatControlMessage").digest(), version=3).bytes
 HEARTBEAT_KEY_BYTES = HEARTBEAT_GUID + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
+# KafkaKey.DOL_STAMP: a new leader's declaration of leadership (DoLStampGuidGenerator), a START_OF_SEGMENT.
+DOL_STAMP_GUID = uuid.UUID(bytes=hashlib.md5(b"declarationOfLeadershipControlMessage").digest(), version=3).bytes
+DOL_STAMP_KEY_BYTES = DOL_STAMP_GUID + bytes(8)
 
 class UnknownClusterId(KeyError):
     """An upstreamKafkaClusterId that the cluster -> region map does not name."""
@@ -218,8 +223,10 @@ def decode_record(
     timestamp_ms: int,
     cluster_regions: dict[int, str],
     clock_uncertainty_ms: int = 0,
-    compressed: bool = False,
+    push: PushSettings = NOT_DECLARED,
 ) -> dict:
+    """One Kafka record of a version topic -> its outcome (see the module's docstring). ``push`` is what
+    the version topic's START_OF_PUSH declares (compression, chunking)."""
     key, value = bytes(key or b""), bytes(value or b"")
     if len(key) < 1 or len(value) < 2:
         return _out("quarantined", "MALFORMED_RECORD")
@@ -252,17 +259,46 @@ def decode_record(
         if cmt == CM_START_OF_PUSH:
             return _out("row", None, {**base, "kind": "START_OF_PUSH"})
         if not (cmt == CM_START_OF_SEGMENT and key_bytes == HEARTBEAT_KEY_BYTES):
-            return _out("skipped", "CONTROL_MESSAGE", {**base, "control_message": control_message_name(cmt)})
+            name = "DOL_STAMP" if key_bytes == DOL_STAMP_KEY_BYTES else control_message_name(cmt)
+            return _out("skipped", "CONTROL_MESSAGE", {**base, "control_message": name})
+    manifest = rmd_chunks = None
+    if mt == MT_DELETE and payload["schemaId"] == values.CHUNK_SCHEMA_ID:
+        # A leader deleting the chunks of the value it just replaced or deleted: not a user delete.
+        return _out("skipped", "CHUNK_CLEANUP", base)
     if mt == MT_PUT and payload["schemaId"] < 0:
-        return _out("quarantined", "CHUNKED_VALUE")
-    if mt == MT_PUT and compressed:
-        return _out("quarantined", "COMPRESSED_VALUE")
-    write_ts = None
-    if mt in (MT_PUT, MT_DELETE):
+        if not push.chunked or payload["schemaId"] not in (values.CHUNK_SCHEMA_ID, values.MANIFEST_SCHEMA_ID):
+            return _out("quarantined", "CHUNKED_VALUE")
+        if payload["schemaId"] == values.CHUNK_SCHEMA_ID:
+            # Read here, reassembled under its manifest (value bytes in putValue, RMD bytes in the RMD payload).
+            return _out("skipped", "VALUE_CHUNK", {
+                **base, "chunk_key": key_bytes,
+                "chunk_bytes": bytes(payload["putValue"]) + bytes(payload["replicationMetadataPayload"])})
         try:
-            write_ts = rmd_write_ts(payload["replicationMetadataVersionId"], payload["replicationMetadataPayload"])
+            manifest = values.decode_manifest(bytes(payload["putValue"]))
         except ValueError:
             return _out("quarantined", "MALFORMED_RECORD")
+    if push.chunked and mt in (MT_PUT, MT_DELETE):
+        if not key_bytes.endswith(values.NON_CHUNK_SUFFIX):
+            return _out("quarantined", "MALFORMED_RECORD")
+        key_bytes = key_bytes[: -len(values.NON_CHUNK_SUFFIX)]
+    write_ts = None
+    if mt in (MT_PUT, MT_DELETE):
+        rmd = bytes(payload["replicationMetadataPayload"])
+        if manifest is not None:
+            rmd_chunks = values.rmd_manifest(rmd, key_bytes)
+        if rmd_chunks is None:
+            try:
+                write_ts = rmd_write_ts(payload["replicationMetadataVersionId"], rmd)
+            except ValueError:
+                return _out("quarantined", "MALFORMED_RECORD")
+    put_value = None
+    if mt == MT_PUT and manifest is None:
+        try:
+            put_value = values.decompress(push, bytes(payload["putValue"]))
+        except values.UnsupportedCompression:
+            return _out("quarantined", "COMPRESSED_VALUE")
+        except values.CorruptValue:
+            return _out("quarantined", "UNDECOMPRESSABLE_VALUE")
     footer = env.get("leaderMetadataFooter")
     if isinstance(footer, tuple):
         footer = footer[1]
@@ -287,9 +323,69 @@ def decode_record(
                    applied_ts_min_ms=int(timestamp_ms) - u, applied_ts_max_ms=int(timestamp_ms) + u)
         return _out("row", None, row)
     row.update(kind="PUT" if mt == MT_PUT else "DELETE", key=_b64(key_bytes), write_ts=write_ts)
+    if manifest is not None:
+        # Its value (and maybe its write time) is in chunks: ``assemble_manifest`` finishes the row.
+        row.update(manifest=manifest, rmd_manifest=rmd_chunks, rmd_version_id=payload["replicationMetadataVersionId"])
+        return _out("manifest", None, row)
     if mt == MT_PUT:
-        row["value"] = f"{payload['schemaId']}:{_b64(payload['putValue'])}"
+        row["value"] = f"{payload['schemaId']}:{_b64(put_value)}"
     return _out("row", None, row)
+
+
+def assemble_manifest(decoded: dict, chunks: dict[bytes, bytes], push: PushSettings) -> dict:
+    """A manifest's outcome (``decode_record``'s "manifest") with its chunks (chunk key -> bytes, those of
+    the dump under the manifest's keys) -> the logical PUT at the manifest's position: the reassembled,
+    then decompressed value with the manifest's schema id, and the write time of the RMD (reassembled
+    too when RMD chunking is on). Quarantined MISSING_CHUNKS when a chunk is not in the dump (``missing``
+    names the indexes), UNDECOMPRESSABLE_VALUE / COMPRESSED_VALUE as a PUT's value, MALFORMED_RECORD
+    when the reassembled RMD is not one."""
+    row = {k: v for k, v in decoded["row"].items() if k not in ("manifest", "rmd_manifest", "rmd_version_id")}
+    manifest, rmd_chunks = decoded["row"]["manifest"], decoded["row"]["rmd_manifest"]
+    data, missing = values.assemble(manifest, chunks)
+    rmd_missing: list[int] = []
+    rmd = None
+    if rmd_chunks is not None:
+        rmd, rmd_missing = values.assemble(rmd_chunks, chunks)
+    if missing or rmd_missing:
+        described = [f"value chunk {i}" if i >= 0 else "value size" for i in missing]
+        described += [f"RMD chunk {i}" if i >= 0 else "RMD size" for i in rmd_missing]
+        out = _out("quarantined", "MISSING_CHUNKS")
+        out["missing"] = (f"{len(manifest['keys'])} value chunks, {len(described)} not in the dump: "
+                          + ", ".join(described))
+        return out
+    try:
+        value = values.decompress(push, data)
+    except values.UnsupportedCompression:
+        return _out("quarantined", "COMPRESSED_VALUE")
+    except values.CorruptValue:
+        return _out("quarantined", "UNDECOMPRESSABLE_VALUE")
+    if rmd is not None:
+        try:
+            row["write_ts"] = rmd_write_ts(decoded["row"]["rmd_version_id"], rmd)
+        except ValueError:
+            return _out("quarantined", "MALFORMED_RECORD")
+    row["value"] = f"{manifest['schema_id']}:{_b64(value)}"
+    return _out("row", None, row)
+
+
+def start_of_push_settings(key: bytes, value: bytes) -> PushSettings | None:
+    """What a START_OF_PUSH record declares (chunking, compression, dictionary); None for any other record."""
+    key, value = bytes(key or b""), bytes(value or b"")
+    if not key or key[0] != KEY_HEADER_CONTROL or len(value) < 2 or value[0] != MAGIC_BYTE:
+        return None
+    if value[1] not in SUPPORTED_VERSIONS:
+        return None
+    try:
+        env = fastavro.schemaless_reader(io.BytesIO(value[2:]), envelope_schema(value[1]), None)
+    except Exception:
+        return None
+    payload = env["payloadUnion"]
+    if env["messageType"] != MT_CONTROL or payload.get("controlMessageType") != CM_START_OF_PUSH:
+        return None
+    sop = payload["controlMessageUnion"]
+    dictionary = sop.get("compressionDictionary")
+    return PushSettings(bool(sop["chunked"]), int(sop["compressionStrategy"]),
+                        None if dictionary is None else bytes(dictionary))
 
 
 def upstream_cluster_id(value: bytes) -> int | None:
@@ -373,56 +469,165 @@ def encode_record(
     clock_uncertainty_ms: int = 0,
     version: int = CURRENT_PROTOCOL_VERSION,
     producer_guid: bytes = b"\x01" * 16,
+    push: PushSettings = NOT_DECLARED,
 ) -> KafkaRecord:
     """A SPEC 1 row -> (key, value, Kafka timestamp), the inverse of ``decode_record``.
 
     For tests and the simulator. A heartbeat's messageTimestamp and Kafka timestamp are the
     midpoints of its origin and applied intervals (their half-widths must equal
-    clock_uncertainty_ms for the round trip to hold)."""
+    clock_uncertainty_ms for the round trip to hold). ``push`` is the version's settings: a
+    START_OF_PUSH declares them, a PUT's value is compressed with them, and a data key carries the
+    non-chunk suffix when the version is chunked (``encode_chunked_put`` writes a large value)."""
     kind = row["kind"]
     pm = _default(version, "ProducerMetadata")
     pm["producerGUID"] = producer_guid
     rmd_version, rmd = rmd_payload(row.get("write_ts"))
+    suffix = values.NON_CHUNK_SUFFIX if push.chunked else b""
     footer = None
     ts = 0
     if kind == "START_OF_PUSH":
         key = bytes([KEY_HEADER_CONTROL]) + producer_guid + bytes(8)
-        cm = _default(version, "ControlMessage")
-        cm.update(controlMessageType=CM_START_OF_PUSH, controlMessageUnion=("com.linkedin.venice.kafka.protocol.StartOfPush", _default(version, "StartOfPush")))
-        mt, payload = MT_CONTROL, ("com.linkedin.venice.kafka.protocol.ControlMessage", cm)
+        sop = _default(version, "StartOfPush")
+        sop.update(chunked=push.chunked, compressionStrategy=push.compression, compressionDictionary=push.dictionary)
+        mt, payload = MT_CONTROL, _control(version, CM_START_OF_PUSH, "StartOfPush", sop)
     else:
-        footer = _default(version, "LeaderMetadata")
-        footer.update(hostName="replica-lens", upstreamOffset=row["source_offset"],
-                      upstreamKafkaClusterId=region_clusters[row["source_region"]])
-        if version >= 11 and "termId" in footer:
-            footer["termId"] = -1 if row.get("leader_epoch") is None else row["leader_epoch"]
+        footer = _footer(row, version, region_clusters)
         if kind == "HEARTBEAT":
             key = bytes([KEY_HEADER_CONTROL]) + HEARTBEAT_KEY_BYTES
             pm["messageTimestamp"] = (row["origin_ts_min_ms"] + row["origin_ts_max_ms"]) // 2
             ts = (row["applied_ts_min_ms"] + row["applied_ts_max_ms"]) // 2
-            cm = _default(version, "ControlMessage")
-            cm.update(controlMessageType=CM_START_OF_SEGMENT, controlMessageUnion=("com.linkedin.venice.kafka.protocol.StartOfSegment", _default(version, "StartOfSegment")))
-            mt, payload = MT_CONTROL, ("com.linkedin.venice.kafka.protocol.ControlMessage", cm)
+            mt, payload = MT_CONTROL, _control(version, CM_START_OF_SEGMENT, "StartOfSegment")
         elif kind == "PUT":
-            key = bytes([KEY_HEADER_PUT]) + base64.b64decode(row["key"])
+            key = bytes([KEY_HEADER_PUT]) + base64.b64decode(row["key"]) + suffix
             sid, b64 = row["value"].split(":", 1)
             put = _default(version, "Put")
-            put.update(schemaId=int(sid), putValue=base64.b64decode(b64), replicationMetadataVersionId=rmd_version,
-                       replicationMetadataPayload=rmd)
+            put.update(schemaId=int(sid), putValue=values.compress(push, base64.b64decode(b64)),
+                       replicationMetadataVersionId=rmd_version, replicationMetadataPayload=rmd)
             pm["logicalTimestamp"] = APP_DEFAULT_LOGICAL_TS
-            mt, payload = MT_PUT, ("com.linkedin.venice.kafka.protocol.Put", put)
+            mt, payload = MT_PUT, (NS + "Put", put)
         elif kind == "DELETE":
-            key = bytes([KEY_HEADER_PUT]) + base64.b64decode(row["key"])
+            key = bytes([KEY_HEADER_PUT]) + base64.b64decode(row["key"]) + suffix
             delete = _default(version, "Delete")
             delete.update(replicationMetadataVersionId=rmd_version, replicationMetadataPayload=rmd)
             pm["logicalTimestamp"] = APP_DEFAULT_LOGICAL_TS
-            mt, payload = MT_DELETE, ("com.linkedin.venice.kafka.protocol.Delete", delete)
+            mt, payload = MT_DELETE, (NS + "Delete", delete)
         else:
             raise ValueError(f"cannot encode kind {kind!r}")
+    return KafkaRecord(key, _envelope(version, mt, pm, payload, footer), ts)
+
+
+NS = "com.linkedin.venice.kafka.protocol."
+
+
+def _control(version: int, control_type: int, body_name: str, body: dict | None = None) -> tuple[str, dict]:
+    cm = _default(version, "ControlMessage")
+    cm.update(controlMessageType=control_type,
+              controlMessageUnion=(NS + body_name, _default(version, body_name) if body is None else body))
+    return NS + "ControlMessage", cm
+
+
+def _footer(row: dict, version: int, region_clusters: dict[str, int]) -> dict:
+    footer = _default(version, "LeaderMetadata")
+    footer.update(hostName="replica-lens", upstreamOffset=row["source_offset"],
+                  upstreamKafkaClusterId=region_clusters[row["source_region"]])
+    if version >= 11 and "termId" in footer:
+        footer["termId"] = -1 if row.get("leader_epoch") is None else row["leader_epoch"]
+    return footer
+
+
+def _envelope(version: int, mt: int, pm: dict, payload: tuple[str, dict], footer: dict | None) -> bytes:
     env = _default(version, "KafkaMessageEnvelope")
     env.update(messageType=mt, producerMetadata=pm, payloadUnion=payload,
-               leaderMetadataFooter=None if footer is None else ("com.linkedin.venice.kafka.protocol.LeaderMetadata", footer))
+               leaderMetadataFooter=None if footer is None else (NS + "LeaderMetadata", footer))
     out = io.BytesIO()
     out.write(bytes([MAGIC_BYTE, version]))
     fastavro.schemaless_writer(out, envelope_schema(version), env)
-    return KafkaRecord(key, out.getvalue(), ts)
+    return out.getvalue()
+
+
+def encode_control_message(
+    control_type: int, *, version: int = CURRENT_PROTOCOL_VERSION, producer_guid: bytes = b"\x01" * 16,
+    key_bytes: bytes | None = None, timestamp_ms: int = 0,
+) -> KafkaRecord:
+    """A control message with the default body of its type (END_OF_PUSH, END_OF_SEGMENT, ...), under the
+    producer's segment key or ``key_bytes`` (DOL_STAMP_KEY_BYTES for a leadership stamp)."""
+    body = CONTROL_MESSAGE_TYPES[control_type]
+    name = "".join(w.capitalize() for w in body.split("_"))
+    pm = _default(version, "ProducerMetadata")
+    pm.update(producerGUID=producer_guid, messageTimestamp=timestamp_ms)
+    key = bytes([KEY_HEADER_CONTROL]) + (producer_guid + bytes(8) if key_bytes is None else key_bytes)
+    return KafkaRecord(key, _envelope(version, MT_CONTROL, pm, _control(version, control_type, name), None), timestamp_ms)
+
+
+def encode_chunked_put(
+    row: dict,
+    *,
+    region_clusters: dict[str, int],
+    push: PushSettings,
+    chunk_size: int,
+    version: int = CURRENT_PROTOCOL_VERSION,
+    producer_guid: bytes = b"\x01" * 16,
+    segment: int = 0,
+    sequence: int = 0,
+    rmd_chunking: bool = False,
+) -> tuple[list[KafkaRecord], list[bytes]]:
+    """A PUT too large for one record, as a leader writes it (``VeniceWriter.putLargeValue``): the
+    compressed value cut into chunks of ``chunk_size`` bytes (schema id -10, upstream offset -1), with
+    ``rmd_chunking`` the RMD in chunks too (indexes continuing), then the manifest under the user
+    key with the row's leader footer. Returns the records and the chunk keys (for a later cleanup)."""
+    user_key = base64.b64decode(row["key"])
+    sid, b64 = row["value"].split(":", 1)
+    data = values.compress(push, base64.b64decode(b64))
+    rmd_version, rmd = rmd_payload(row.get("write_ts"))
+    chunk_footer = _default(version, "LeaderMetadata")
+    chunk_footer.update(hostName="replica-lens", upstreamOffset=-1, upstreamKafkaClusterId=-1)
+    records: list[KafkaRecord] = []
+    keys: list[bytes] = []
+
+    def cut(payload: bytes, start: int, in_rmd: bool) -> list[bytes]:
+        made = []
+        pieces = [payload[i:i + chunk_size] for i in range(0, len(payload), chunk_size)]
+        for n, piece in enumerate(pieces):
+            key = user_key + values.chunk_suffix(producer_guid, segment, sequence, start + n)
+            put = _default(version, "Put")
+            put.update(schemaId=values.CHUNK_SCHEMA_ID, putValue=b"" if in_rmd else piece,
+                       replicationMetadataVersionId=RMD_VERSION_ID, replicationMetadataPayload=piece if in_rmd else b"")
+            pm = _default(version, "ProducerMetadata")
+            pm.update(producerGUID=producer_guid, segmentNumber=segment, messageSequenceNumber=sequence + len(records),
+                      logicalTimestamp=-1)
+            records.append(KafkaRecord(bytes([KEY_HEADER_PUT]) + key,
+                                       _envelope(version, MT_PUT, pm, (NS + "Put", put), chunk_footer), 0))
+            made.append(key)
+        return made
+
+    keys = cut(data, 0, False)
+    rmd_keys = cut(rmd, len(keys), True) if rmd_chunking and rmd else []
+    manifest = _default(version, "Put")
+    manifest.update(schemaId=values.MANIFEST_SCHEMA_ID, putValue=values.encode_manifest(keys, int(sid), len(data)),
+                    replicationMetadataVersionId=rmd_version,
+                    replicationMetadataPayload=values.encode_manifest(rmd_keys, int(sid), len(rmd)) if rmd_keys else rmd)
+    pm = _default(version, "ProducerMetadata")
+    pm.update(producerGUID=producer_guid, segmentNumber=segment, messageSequenceNumber=sequence + len(records),
+              logicalTimestamp=APP_DEFAULT_LOGICAL_TS)
+    records.append(KafkaRecord(bytes([KEY_HEADER_PUT]) + user_key + values.NON_CHUNK_SUFFIX,
+                               _envelope(version, MT_PUT, pm, (NS + "Put", manifest),
+                                         _footer(row, version, region_clusters)), 0))
+    return records, keys + rmd_keys
+
+
+def encode_chunk_cleanup(
+    chunk_keys: list[bytes], replacing: dict, *, region_clusters: dict[str, int],
+    version: int = CURRENT_PROTOCOL_VERSION, producer_guid: bytes = b"\x01" * 16,
+) -> list[KafkaRecord]:
+    """The DELETEs (schema id -10) a leader writes on the chunk keys of a value it has just replaced or
+    deleted, with the replacing write's leader footer (``VeniceWriter.deleteDeprecatedChunk``)."""
+    out = []
+    for key in chunk_keys:
+        delete = _default(version, "Delete")
+        delete.update(schemaId=values.CHUNK_SCHEMA_ID)
+        pm = _default(version, "ProducerMetadata")
+        pm.update(producerGUID=producer_guid, logicalTimestamp=APP_DEFAULT_LOGICAL_TS)
+        out.append(KafkaRecord(bytes([KEY_HEADER_PUT]) + key,
+                               _envelope(version, MT_DELETE, pm, (NS + "Delete", delete),
+                                         _footer(replacing, version, region_clusters)), 0))
+    return out

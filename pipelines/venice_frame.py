@@ -18,6 +18,7 @@ record as JSON (key and value in base64), for the quarantine.
 they hold no row: SPEC 3a), decoding only the control records, the only ones that can be."""
 from __future__ import annotations
 
+import pickle
 import re
 import sys
 
@@ -29,16 +30,33 @@ from pyspark.sql import types as T
 
 import pipelines.venice as venice
 import pipelines.venice_protocol as venice_protocol
+import pipelines.venice_values as venice_values
+from pipelines.venice_values import NOT_DECLARED, PushSettings
 from schemas.raw import MESSAGE_FIELDS
 
+# What decoding adds to the SPEC 1 columns. A chunk carries its key (with the chunking suffix) and bytes; a
+# manifest (outcome "manifest", only in a chunked version) the keys of its chunks and, pickled, the rest
+# ``venice.assemble_manifest`` needs; a quarantined manifest the chunks it misses (``missing``).
+_EXTRA = [("outcome", T.StringType(), pa.string()), ("reason", T.StringType(), pa.string()),
+          ("control_message", T.StringType(), pa.string()), ("chunk_key", T.BinaryType(), pa.binary()),
+          ("chunk_bytes", T.BinaryType(), pa.binary()), ("manifest_keys", T.ArrayType(T.BinaryType()), pa.list_(pa.binary())),
+          ("manifest", T.BinaryType(), pa.binary()), ("missing", T.StringType(), pa.string())]
 OUTPUT_SCHEMA = T.StructType(
-    [T.StructField(n, t, True) for n, t in MESSAGE_FIELDS.items()]
-    + [T.StructField("outcome", T.StringType(), False), T.StructField("reason", T.StringType(), True),
-       T.StructField("control_message", T.StringType(), True)]
+    [T.StructField(n, t, True) for n, t in MESSAGE_FIELDS.items()] + [T.StructField(n, t, True) for n, t, _ in _EXTRA]
 )
+_ARROW_SCHEMA = pa.schema(
+    [(n, pa.map_(pa.string(), pa.int64()) if n == "hb_vector" else
+      {T.StringType: pa.string(), T.IntegerType: pa.int32(), T.LongType: pa.int64()}[type(t)])
+     for n, t in MESSAGE_FIELDS.items()] + [(n, a) for n, _, a in _EXTRA]
+)
+
+
+class UnknownPushSettings(ValueError):
+    """A version topic whose compression and chunking neither the snapshot nor the configuration declares."""
 
 # Shipped by value: the executors need not have the project installed (as pipelines/leapfrog.py).
 cloudpickle.register_pickle_by_value(venice_protocol)
+cloudpickle.register_pickle_by_value(venice_values)
 cloudpickle.register_pickle_by_value(venice)
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -61,45 +79,153 @@ def _timestamp_ms(ts) -> int:
     return int(round(ts.timestamp() * 1000))
 
 
+def _columns(outcome: dict, record: dict, keep: list[str]) -> dict:
+    row = outcome["row"] or {"replica": record["region"], "topic": record["topic"], "partition": record["partition"],
+                             "offset": record["offset"]}
+    out = {n: row.get(n) for n in MESSAGE_FIELDS}
+    out.update(outcome=outcome["outcome"], reason=outcome["reason"], control_message=row.get("control_message"),
+               chunk_key=row.get("chunk_key"), chunk_bytes=row.get("chunk_bytes"), missing=outcome.get("missing"),
+               manifest_keys=None, manifest=None)
+    if outcome["outcome"] == "manifest":
+        rmd = row["rmd_manifest"]
+        out["manifest_keys"] = row["manifest"]["keys"] + (rmd["keys"] if rmd else [])
+        out["manifest"] = pickle.dumps(outcome)
+    out.update({n: record[n] for n in keep})
+    return out
+
+
+def _batch(rows: list[dict], schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
 def decode_venice_frame(
-    df: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int, passthrough: tuple[str, ...] = ()
+    df: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int, passthrough: tuple[str, ...] = (),
+    push_settings: dict[str, PushSettings] | None = None,
 ) -> DataFrame:
-    """Decode every Kafka record of ``df``; ``passthrough`` names string columns copied to the output as they are."""
+    """Decode every Kafka record of ``df``; ``passthrough`` names string columns copied to the output as they are.
+    ``push_settings``: per version topic, what its START_OF_PUSH declares (``resolve_push_settings``)."""
     keep = list(passthrough)
     regions = dict(cluster_regions)
+    push = dict(push_settings or {})
     u = int(clock_uncertainty_ms)
-    names = list(MESSAGE_FIELDS)
-    arrow_schema = pa.schema(
-        [(n, pa.map_(pa.string(), pa.int64()) if n == "hb_vector" else
-          {T.StringType: pa.string(), T.IntegerType: pa.int32(), T.LongType: pa.int64()}[type(MESSAGE_FIELDS[n])])
-         for n in names] + [("outcome", pa.string()), ("reason", pa.string()), ("control_message", pa.string())]
-        + [(n, pa.string()) for n in keep]
-    )
+    arrow_schema = pa.schema(list(_ARROW_SCHEMA) + [(n, pa.string()) for n in keep])
 
     def run(batches):
         for batch in batches:
-            cols = {n: [] for n in names + ["outcome", "reason", "control_message"] + keep}
+            rows = []
             for r in batch.to_pylist():
                 got = venice.decode_record(
                     r["key"], r["value"], replica=r["region"], topic=r["topic"], partition=r["partition"],
                     offset=r["offset"], timestamp_ms=_timestamp_ms(r["timestamp"]), cluster_regions=regions,
-                    clock_uncertainty_ms=u,
+                    clock_uncertainty_ms=u, push=push.get(r["topic"], NOT_DECLARED),
                 )
-                row = got["row"] or {"replica": r["region"], "topic": r["topic"], "partition": r["partition"],
-                                     "offset": r["offset"]}
-                for n in names:
-                    cols[n].append(row.get(n))
-                cols["outcome"].append(got["outcome"])
-                cols["reason"].append(got["reason"])
-                cols["control_message"].append(row.get("control_message"))
-                for n in keep:
-                    cols[n].append(r[n])
-            yield pa.RecordBatch.from_pydict(cols, schema=arrow_schema)
+                rows.append(_columns(got, r, keep))
+            yield _batch(rows, arrow_schema)
 
     inp = df.select("key", "value", "topic", F.col("partition").cast("int"), F.col("offset").cast("long"), "timestamp",
                     "region", *[F.col(n).cast("string") for n in keep])
     out_schema = T.StructType(OUTPUT_SCHEMA.fields + [T.StructField(n, T.StringType(), True) for n in keep])
     return inp.mapInArrow(run, out_schema)
+
+
+def reassemble_chunks(decoded: DataFrame, push_settings: dict[str, PushSettings]) -> DataFrame:
+    """Decoded records of chunked versions -> the same, each manifest replaced by the logical PUT it stands for
+    (at the manifest's position) or quarantined MISSING_CHUNKS; chunks stay as they are (skipped VALUE_CHUNK).
+
+    The chunks a manifest names are found by a join on (replica, topic, partition, chunk key): chunk keys
+    hold the producer's GUID, segment and sequence, so they are unique to one write. A chunk written
+    twice (a retried produce) is the same bytes under the same key. ``decoded`` is read three times (the
+    rest, the manifests, the chunks): a chunked version's records are decoded more than once."""
+    push = dict(push_settings)
+    where = ["replica", "topic", "partition"]
+    manifests = decoded.where(F.col("outcome") == F.lit("manifest"))
+    wanted = manifests.select(*where, F.col("offset").alias("_manifest_offset"),
+                              F.explode("manifest_keys").alias("chunk_key"))
+    chunks = decoded.where(F.col("reason") == F.lit("VALUE_CHUNK")).select(*where, "chunk_key", "chunk_bytes")
+    found = (
+        wanted.join(chunks, where + ["chunk_key"])
+        .groupBy(*where, "_manifest_offset")
+        .agg(F.collect_list(F.struct("chunk_key", "chunk_bytes")).alias("_chunks"))
+        .withColumnRenamed("_manifest_offset", "offset")
+    )
+    keep = [f.name for f in decoded.schema.fields if f.name not in OUTPUT_SCHEMA.fieldNames()]
+    arrow_schema = pa.schema(list(_ARROW_SCHEMA) + [(n, pa.string()) for n in keep])
+
+    def run(batches):
+        for batch in batches:
+            rows = []
+            for r in batch.to_pylist():
+                decoded_manifest = pickle.loads(r["manifest"])
+                got = venice.assemble_manifest(
+                    decoded_manifest, {c["chunk_key"]: c["chunk_bytes"] for c in r["_chunks"] or []},
+                    push.get(r["topic"], NOT_DECLARED),
+                )
+                rows.append(_columns(got, {**r, "region": r["replica"]}, keep))
+            yield _batch(rows, arrow_schema)
+
+    assembled = manifests.join(found, where + ["offset"], "left").mapInArrow(run, decoded.schema)
+    return decoded.where(F.col("outcome") != F.lit("manifest")).unionByName(assembled)
+
+
+def push_settings_in(records: DataFrame) -> tuple[dict[str, set[PushSettings]], set[str]]:
+    """What the START_OF_PUSH records of ``records`` declare, per version topic, and the topics that hold data
+    records (PUT, DELETE, UPDATE). One Spark job: only control records are decoded, on the executors."""
+    header = F.substring("key", 1, 1)
+    schema = pa.schema([("topic", pa.string()), ("chunked", pa.bool_()), ("compression", pa.int32()),
+                        ("dictionary", pa.binary())])
+
+    def run(batches):
+        for batch in batches:
+            rows = []
+            for r in batch.to_pylist():
+                settings = venice.start_of_push_settings(r["key"], r["value"])
+                if settings is not None:
+                    rows.append({"topic": r["topic"], "chunked": settings.chunked, "compression": settings.compression,
+                                 "dictionary": settings.dictionary})
+            yield _batch(rows, schema)
+
+    control = (records.where(header == F.lit(bytearray([venice.KEY_HEADER_CONTROL])))
+               .select("key", "value", "topic").mapInArrow(run, "topic string, chunked boolean, compression int, "
+                                                           "dictionary binary")
+               .withColumn("data", F.lit(False)))
+    data = (records.where(header.isin(bytearray([venice.KEY_HEADER_PUT]), bytearray([venice.KEY_HEADER_UPDATE])))
+            .select("topic").distinct()
+            .select("topic", *[F.lit(None).cast(t).alias(n) for n, t in
+                               (("chunked", "boolean"), ("compression", "int"), ("dictionary", "binary"))],
+                    F.lit(True).alias("data")))
+    declared: dict[str, set[PushSettings]] = {}
+    with_data: set[str] = set()
+    for r in control.unionByName(data).distinct().collect():
+        if r["data"]:
+            with_data.add(r["topic"])
+        else:
+            declared.setdefault(r["topic"], set()).add(
+                PushSettings(r["chunked"], r["compression"], None if r["dictionary"] is None else bytes(r["dictionary"])))
+    return declared, with_data
+
+
+def resolve_push_settings(records: DataFrame, configured: dict[str, PushSettings] | None = None) -> dict[str, PushSettings]:
+    """Per version topic of ``records``: its settings as its START_OF_PUSH records declare them (any partition's,
+    any replica's: one version topic has one), else as ``configured``. UnknownPushSettings names the topics
+    that hold data but neither (a dump that starts after START_OF_PUSH, without configuration) and those
+    whose START_OF_PUSH records disagree."""
+    configured = dict(configured or {})
+    declared, with_data = push_settings_in(records)
+    disagree = {t: s for t, s in declared.items() if len(s) > 1}
+    if disagree:
+        raise UnknownPushSettings(
+            "START_OF_PUSH records of one version topic declare different settings: "
+            + "; ".join(f"{t}: {', '.join(sorted(x.describe() for x in s))}" for t, s in sorted(disagree.items()))
+        )
+    resolved = {t: next(iter(s)) for t, s in declared.items()}
+    unknown = sorted(t for t in with_data if t not in resolved and t not in configured)
+    if unknown:
+        raise UnknownPushSettings(
+            f"version topics {unknown} hold data records but no START_OF_PUSH in the snapshot, so their compression and "
+            "chunking are not known: include a START_OF_PUSH of each (any partition) or name their settings with "
+            "--venice-push-settings (the landing resource's venice_push_settings)"
+        )
+    return {**{t: s for t, s in configured.items() if t not in resolved}, **resolved}
 
 
 def cluster_ids_in(records: DataFrame) -> list[int]:
@@ -128,19 +254,27 @@ def unknown_cluster_ids_message(seen: list[int], known: dict[int, str]) -> str:
 # What ``decoded_reason`` says, for a quarantined record's ``detail``.
 REASON_DETAIL = {
     "MALFORMED_RECORD": "not a Venice record: bad magic byte, unparseable, short or trailing bytes, "
-    "or a key header that does not match the message type",
-    "UNKNOWN_PROTOCOL_VERSION": "KafkaMessageEnvelope protocol version not supported (supported: 10, 14)",
+    "a key header that does not match the message type, a key without the chunking suffix in a chunked version, "
+    "or replication metadata or a chunk manifest that does not parse",
+    "UNKNOWN_PROTOCOL_VERSION": "KafkaMessageEnvelope protocol version not supported (supported: 10 to 14)",
     "UPDATE_NOT_APPLIED": "a partial update (UPDATE): its result is not known from the record alone",
-    "CHUNKED_VALUE": "a chunk or chunk manifest (negative schema id): chunked values are not reassembled",
-    "COMPRESSED_VALUE": "the store version is compressed: values are not decompressed",
+    "CHUNKED_VALUE": "a chunk or chunk manifest (negative schema id) in a version whose START_OF_PUSH does not "
+    "declare chunking, or a system schema id Replica Lens does not know",
+    "COMPRESSED_VALUE": "the version declares a compression strategy Replica Lens does not know",
+    "UNDECOMPRESSABLE_VALUE": "the value does not decompress with the version's compression strategy (and dictionary)",
+    "MISSING_CHUNKS": "a chunked value's manifest whose chunks are not all in the dump (raw.missing names them)",
     "NO_UPSTREAM_POSITION": "no leader metadata footer or no upstream offset: no source position",
 }
 
 
 def venice_lines(
-    records: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int
+    records: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int,
+    push_settings: dict[str, PushSettings] | None = None,
 ) -> DataFrame:
-    """Kafka records (with ``source_file``) -> ``(source_file, raw, read_error, decoded_reason)``, one row each."""
+    """Kafka records (with ``source_file``) -> ``(source_file, raw, read_error, decoded_reason)``, one row each.
+    ``push_settings`` (``resolve_push_settings``): per version topic, its compression and chunking; when one is
+    chunked, chunks are reassembled under their manifests (``reassemble_chunks``)."""
+    push = dict(push_settings or {})
     with_text = records.select(
         "*",
         F.to_json(
@@ -152,30 +286,42 @@ def venice_lines(
         ).alias("record_json"),
     )
     decoded = decode_venice_frame(with_text, cluster_regions, clock_uncertainty_ms,
-                                  passthrough=("source_file", "record_json"))
+                                  passthrough=("source_file", "record_json"), push_settings=push)
+    if any(p.chunked for p in push.values()):
+        decoded = reassemble_chunks(decoded, push)
     message = F.to_json(F.struct(*[F.col(n) for n in MESSAGE_FIELDS]), {"ignoreNullFields": "true"})
     is_row = F.col("outcome") == F.lit("row")
+    # A manifest quarantined for missing chunks: the Kafka record, and which chunks the dump lacks.
+    with_missing = F.concat(F.expr("substring(record_json, 1, length(record_json) - 1)"), F.lit(","),
+                            F.expr("substring(to_json(named_struct('missing', missing)), 2)"))
     return decoded.select(
         "source_file",
-        F.when(is_row, message).otherwise(F.col("record_json")).alias("raw"),
+        F.when(is_row, message).when(F.col("missing").isNotNull(), with_missing).otherwise(F.col("record_json")).alias("raw"),
         F.lit(None).cast(T.StringType()).alias("read_error"),
         F.when(is_row, F.lit(None).cast(T.StringType())).otherwise(F.col("reason")).alias("decoded_reason"),
     )
 
 
 def venice_skipped_positions(
-    records: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int
+    records: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int,
+    push_settings: dict[str, PushSettings] | None = None,
 ) -> DataFrame:
     """Kafka records (with ``source_file``) -> those the decoder skips by rule, as positions:
     ``(source_file, replica, topic, partition, offset, reason, control_message)``.
 
-    Only a control record (key header byte CONTROL_MESSAGE) can be skipped: ``decode_record``
-    quarantines any other record whose envelope is a control message. So only those are decoded
-    (START_OF_PUSH, heartbeats and the skipped ones: a few of a version topic's records), on the
-    key's first byte, which Spark reads from the Parquet files without Python.
+    Only three shapes can be skipped: control records (key header byte CONTROL_MESSAGE;
+    ``decode_record`` quarantines any other record whose envelope is a control message), chunks
+    and chunk-cleanup DELETEs, whose keys end with a chunk's ChunkedKeySuffix, i.e. the byte 01
+    (a whole value's key in a chunked version ends with 02 00). So only records with such key
+    bytes are decoded (few of a version topic's records), on the key's first and last bytes,
+    which Spark reads from the Parquet files without Python.
     """
-    control = records.where(F.substring("key", 1, 1) == F.lit(bytearray([venice.KEY_HEADER_CONTROL])))
-    decoded = decode_venice_frame(control, cluster_regions, clock_uncertainty_ms, passthrough=("source_file",))
+    first, last = F.substring("key", 1, 1), F.substring("key", -1, 1)
+    maybe = (first == F.lit(bytearray([venice.KEY_HEADER_CONTROL]))) | (
+        (first == F.lit(bytearray([venice.KEY_HEADER_PUT]))) & (last == F.lit(bytearray([1])))
+    )
+    decoded = decode_venice_frame(records.where(maybe), cluster_regions, clock_uncertainty_ms,
+                                  passthrough=("source_file",), push_settings=push_settings)
     return decoded.where(F.col("outcome") == F.lit("skipped")).select(
         "source_file", "replica", "topic", "partition", "offset", "reason", "control_message"
     )

@@ -159,9 +159,11 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
             + f" (exact duplicates collapsed: {raw.get('duplicates_collapsed')})"
         )
         for replica, counts in sorted((raw.get("by_replica") or {}).items()):
+            kinds = (raw.get("skipped_by_kind") or {}).get(replica)
             lines.append(
                 f"    {replica:<12} read {counts.get('read')}  accepted {counts.get('accepted')}"
                 f"  quarantined {counts.get('quarantined')}"
+                + (f"  skipped {counts.get('skipped')} ({', '.join(f'{k} {n}' for k, n in kinds.items())})" if kinds else "")
             )
     lost = int(audit.value("raw_topic_quarantine", "quarantined_positions", 0) or 0)
     if lost:
@@ -423,6 +425,8 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
             name: raw.get(f"rows_{name}") for name in ("read", "accepted", "quarantined", "skipped")
         } | {"duplicates_collapsed": raw.get("duplicates_collapsed")},
         "quarantined_by_reason": quarantine.get("by_reason") or {},
+        # Raw Venice records skipped by rule, per replica and kind (control message type or VALUE_CHUNK, CHUNK_CLEANUP).
+        "skipped_by_kind": raw.get("skipped_by_kind") or {},
         "quarantined_positions": quarantine.get("quarantined_positions"),
         "verdicts": {
             name: divergence.get(f"keys_{name}") for name in ("compared", "consistent", "divergent", "missing", "in_flight")
@@ -451,6 +455,7 @@ def audit_snapshots(
     verbosity: str = "normal",
     cluster_regions: Optional[str] = None,
     venice_clock_uncertainty_ms: Optional[int] = None,
+    venice_push_settings: Optional[str] = None,
     json_path: Optional[str] = None,
     state_retention: Optional[int] = None,
     concurrent_steps: Optional[int] = None,
@@ -466,10 +471,12 @@ def audit_snapshots(
     """
     out: TextIO = sys.stderr if json_path == "-" else sys.stdout
     zone = LandingZone(
-        root=landing, cluster_regions=cluster_regions, venice_clock_uncertainty_ms=venice_clock_uncertainty_ms
+        root=landing, cluster_regions=cluster_regions, venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
+        venice_push_settings=venice_push_settings,
     )
-    zone.cluster_region_map()  # a malformed map (or uncertainty) is refused before any run
+    zone.cluster_region_map()  # a malformed map (or uncertainty, or push settings file) is refused before any run
     zone.clock_uncertainty_ms()
+    zone.push_settings()
     skipped: list[dict[str, str]] = []
     if snapshot_id is not None:
         zone.require_complete(snapshot_id)
@@ -507,6 +514,7 @@ def audit_snapshots(
                     concurrent_steps=concurrent_steps,
                     cluster_regions=cluster_regions,
                     venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
+                    venice_push_settings=venice_push_settings,
                 )
             print("\n".join(summary_lines(audit)), file=out, flush=True)
             documents.append(audit_document(audit))

@@ -80,6 +80,7 @@ def _audit(args: argparse.Namespace) -> int:
         concurrent_steps=args.concurrent_steps,
         cluster_regions=args.cluster_regions,
         venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
+        venice_push_settings=args.venice_push_settings,
     )
 
 
@@ -235,6 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="raw Venice records: widen each heartbeat's origin and applied time points by MS on each side into "
         "intervals (default: $REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS, else 0)",
+    )
+    audit.add_argument(
+        "--venice-push-settings",
+        default=os.environ.get("REPLICA_LENS_VENICE_PUSH_SETTINGS") or None,
+        metavar="FILE",
+        help="raw Venice records: a JSON file naming the compression and chunking of version topics the snapshot "
+        "holds no START_OF_PUSH of, e.g. a dump that starts mid-stream (docs/venice-input.md; default: "
+        "$REPLICA_LENS_VENICE_PUSH_SETTINGS)",
     )
     audit.add_argument(
         "--fail-on-divergence",

@@ -37,6 +37,7 @@ def build_definitions(
     delta_jars_dir: Optional[Setting] = dg.EnvVar("REPLICA_LENS_DELTA_JARS"),
     cluster_regions: Optional[str] = None,
     venice_clock_uncertainty_ms: Optional[int] = None,
+    venice_push_settings: Optional[str] = None,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
     delta_engine: str = "auto",
     spark_log_level: str = "ERROR",
@@ -57,12 +58,13 @@ def build_definitions(
                 interpreted_max_rows=interpreted_max_rows,
             ),
             "store": DeltaStore(warehouse_root=warehouse_root, engine=delta_engine),
-            # None: the landing resource reads REPLICA_LENS_CLUSTER_REGIONS and
-            # REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS when it is used.
+            # None: the landing resource reads REPLICA_LENS_CLUSTER_REGIONS,
+            # REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS and REPLICA_LENS_VENICE_PUSH_SETTINGS when it is used.
             "landing": LandingZone(
                 root=landing_root,
                 cluster_regions=cluster_regions,
                 venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
+                venice_push_settings=venice_push_settings,
             ),
         },
         # Materializations launched from the UI also run every step in one process (one JVM per run),

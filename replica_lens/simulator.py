@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from resources.errors import InvalidSetting, UsageError
+from resources.push_settings import push_settings_document
 from resources.snapshots import SUCCESS_MARKER, check_snapshot_id
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
 
 FILE_FORMATS = ("jsonl", "jsonl.gz", "parquet", "venice-kafka")
 HEARTBEAT_VECTORS = ("full", "own")
+VENICE_COMPRESSIONS = ("gzip", "zstd-dict")
 # Raw Venice records (--format venice-kafka): upstream Kafka cluster id of region i is i, and a
 # PUT's value is written under this value schema id.
 VENICE_VALUE_SCHEMA_ID = 1
@@ -146,6 +148,27 @@ class SimulationConfig:
         "--compact-below when both are given)",
         type=float,
     )
+    # Store-version settings of raw Venice records (--format venice-kafka only; docs/venice-input.md).
+    compression: Optional[str] = _opt(
+        None,
+        "venice-kafka: the version's compression, declared in every START_OF_PUSH: gzip, or zstd-dict (a "
+        "dictionary trained on the values, carried in START_OF_PUSH) (default: none)",
+        type=str,
+        choices=VENICE_COMPRESSIONS,
+    )
+    chunk_above: Optional[int] = _opt(
+        None,
+        "venice-kafka: a chunked version: a value whose stored (compressed) bytes exceed this many is written as "
+        "chunks of this size then a manifest, and replacing or deleting it is followed by chunk-cleanup DELETEs; "
+        "a quarter of the values (chosen by their hash) are made 2-3 times this size",
+        type=int,
+    )
+    push_control_messages: bool = _opt(
+        False,
+        "venice-kafka: write what a leader writes around a push after START_OF_PUSH (a producer's "
+        "START_OF_SEGMENT, END_OF_PUSH, TOPIC_SWITCH, a leadership DOL_STAMP) and an END_OF_SEGMENT at the end",
+        type=bool,
+    )
 
     def __post_init__(self) -> None:
         for name in ("regions", "topics", "partitions", "keys", "heartbeat_every", "rows_per_file"):
@@ -204,6 +227,21 @@ class SimulationConfig:
             raise InvalidSetting(f"compact_below must be within [0, 1], got {self.compact_below}")
         if self.lose_records is not None and not 0.0 <= self.lose_records < 1.0:
             raise InvalidSetting(f"lose_records must be within [0, 1), got {self.lose_records}")
+        if self.compression is not None and self.compression not in VENICE_COMPRESSIONS:
+            raise InvalidSetting(f"compression must be one of {', '.join(VENICE_COMPRESSIONS)}, got {self.compression!r}")
+        if self.chunk_above is not None and self.chunk_above < 16:
+            raise InvalidSetting(f"chunk_above must be at least 16 bytes, got {self.chunk_above}")
+        if self.file_format != "venice-kafka":
+            for name in ("compression", "chunk_above"):
+                if getattr(self, name) is not None:
+                    raise InvalidSetting(f"{name} describes raw Venice records: it needs --format venice-kafka")
+            if self.push_control_messages:
+                raise InvalidSetting("push_control_messages describes raw Venice records: it needs --format venice-kafka")
+        if self.damaged and (self.chunk_above is not None or self.push_control_messages):
+            raise InvalidSetting(
+                "compact_below and lose_records cannot yet be combined with chunk_above or push_control_messages "
+                "(the ground truth's complete-topic proofs would take their records' positions for gaps)"
+            )
         if self.heartbeat_under_report and not self.full_heartbeat_vectors:
             raise InvalidSetting("heartbeat_under_report lowers an hb_vector component: it needs heartbeat_vector full")
 
@@ -215,9 +253,11 @@ class SimulationConfig:
     def as_dict(self) -> dict:
         """The settings for the ground truth; the damage options only when given (older files stay the same)."""
         out = dataclasses.asdict(self)
-        for name in ("compact_below", "lose_records"):
+        for name in ("compact_below", "lose_records", "compression", "chunk_above"):
             if out[name] is None:
                 del out[name]
+        if not out["push_control_messages"]:
+            del out["push_control_messages"]
         return out
 
     @property
@@ -255,6 +295,10 @@ class _Sink:
         self.rows_per_file = config.rows_per_file
         self.skip_below = config.mid_stream_from or 0
         self.counts = {"START_OF_PUSH": 0, "PUT": 0, "DELETE": 0, "HEARTBEAT": 0, "EXPORTER_POSITION": 0}
+        # Records a sink writes beyond the rows (raw Venice records only): after START_OF_PUSH, and around
+        # a data row (``reserve``). The leader leaves offsets for them.
+        self.preamble = 0
+        self.chunking = False
         self.files: list[str] = []
         self.in_file = 0
         self._tmp: Optional[Path] = None
@@ -519,9 +563,41 @@ def venice_key(key: str) -> str:
     return base64.b64encode(key.encode("utf-8")).decode("ascii")
 
 
-def venice_value(value: str) -> str:
-    """A simulated PUT value as the audit of its venice-kafka records shows it: ``schemaId:base64(bytes)``."""
-    return f"{VENICE_VALUE_SCHEMA_ID}:{base64.b64encode(value.encode('utf-8')).decode('ascii')}"
+def venice_value_bytes(value: str, chunk_above: Optional[int] = None) -> bytes:
+    """The bytes a simulated PUT value is written as in venice-kafka records: its UTF-8 bytes; with
+    ``chunk_above``, a quarter of the values (by their hash) are made 2-3 times that size with bytes no
+    compression shrinks (a deterministic stream seeded by the value), so that they need chunks."""
+    raw = value.encode("utf-8")
+    if chunk_above is None:
+        return raw
+    h = hashlib.sha1(raw).digest()
+    if h[0] >= 64:
+        return raw
+    size = 2 * chunk_above + int.from_bytes(h[1:3], "big") % chunk_above
+    return raw + b"|" + hashlib.shake_128(raw).digest(max(0, size - len(raw) - 1))
+
+
+def venice_value(value: str, chunk_above: Optional[int] = None) -> str:
+    """A simulated PUT value as the audit of its venice-kafka records shows it: ``schemaId:base64(bytes)``
+    (``venice_value_bytes``: the logical value, after reassembly and decompression)."""
+    return f"{VENICE_VALUE_SCHEMA_ID}:{base64.b64encode(venice_value_bytes(value, chunk_above)).decode('ascii')}"
+
+
+def venice_push_settings(config: SimulationConfig):
+    """The PushSettings every START_OF_PUSH of a venice-kafka simulation declares. zstd-dict trains its
+    dictionary on values shaped like the simulation's (deterministic: the same options give the same bytes)."""
+    from pipelines import venice_values
+
+    compression = {None: venice_values.NO_OP, "gzip": venice_values.GZIP,
+                   "zstd-dict": venice_values.ZSTD_WITH_DICT}[config.compression]
+    dictionary = None
+    if compression == venice_values.ZSTD_WITH_DICT:
+        import zstandard
+
+        samples = [venice_value_bytes(f"v{letter}{n}", config.chunk_above)[:256]
+                   for letter in string.ascii_uppercase[:8] for n in range(0, 4000, 7)]
+        dictionary = zstandard.train_dictionary(4096, samples).as_bytes()
+    return venice_values.PushSettings(config.chunk_above is not None, compression, dictionary)
 
 
 class _VeniceSink(_ArrowSink):
@@ -530,17 +606,26 @@ class _VeniceSink(_ArrowSink):
     go to SPEC Parquet files beside them (``{stem}.exporters.NNNNN.parquet``).
 
     Kafka timestamps: a heartbeat's is the midpoint of its applied interval (the decoder widens it back
-    by the audit's clock uncertainty); other records carry the last heartbeat's, as nothing reads them."""
+    by the audit's clock uncertainty); other records carry the last heartbeat's, as nothing reads them.
+
+    The version's settings (``venice_push_settings``): values compressed as START_OF_PUSH declares; in a
+    chunked version (``chunk_above``) a large value takes the offsets before its manifest for its chunks,
+    and a key whose previous value was chunked takes the offsets after its new row for the cleanup
+    DELETEs of the old chunks (``reserve``, called by the leader when it picks the row's offset). Records
+    that hold no row are counted in ``records`` by kind (as the audit's skipped counts name them)."""
 
     _VARYING = ("key", "value", "offset", "timestamp")
     _EXT = "kafka.parquet"
+    # Written right after START_OF_PUSH with push_control_messages: a producer's segment start, the end of
+    # the batch push, the switch to the real-time topic, and the new leader's declaration of leadership.
+    _PREAMBLE = ("START_OF_SEGMENT", "END_OF_PUSH", "TOPIC_SWITCH", "DOL_STAMP")
 
-    def __init__(self, folder, replica, topic, partition, config, regions: list[str]):
+    def __init__(self, folder, replica, topic, partition, config, regions: list[str], push):
         constants = {"topic": topic, "partition": partition, "timestampType": 0, "headers": [], "region": replica}
         super().__init__(folder, replica, topic, partition, config, kafka_source_schema(), constants)
-        from pipelines.venice import encode_record
+        from pipelines import venice, venice_values
 
-        self.encode = encode_record
+        self.venice, self.values = venice, venice_values
         self.clusters = {name: i for i, name in enumerate(regions)}
         self.uncertainty = config.clock_uncertainty_ms
         self.guid = hashlib.md5(f"replica-lens:{replica}".encode()).digest()
@@ -548,11 +633,22 @@ class _VeniceSink(_ArrowSink):
         self.base = {"replica": replica, "topic": topic, "partition": partition}
         self.exporters = _ParquetSink(folder, replica, topic, partition, config)
         self.exporters.stem = f"{self.stem}.exporters"
+        self.push = push
+        self.chunk_above = config.chunk_above
+        self.chunking = config.chunk_above is not None
+        self.preamble = len(self._PREAMBLE) if config.push_control_messages else 0
+        self.plans: dict[int, tuple[int, Optional[tuple[int, int]]]] = {}  # row offset -> (chunks, old chunks)
+        self.chunked: dict[str, tuple[int, int]] = {}  # key -> (row offset, chunks) of its chunked value
+        self.records: Counter = Counter()
+
+    def _write(self, record, offset: int) -> None:
+        if offset >= self.skip_below:
+            self._add((record.key, record.value, offset, self.ts))
 
     def _record(self, row: dict) -> None:
-        record = self.encode(
+        record = self.venice.encode_record(
             {**self.base, **row}, region_clusters=self.clusters, clock_uncertainty_ms=self.uncertainty,
-            producer_guid=self.guid,
+            producer_guid=self.guid, push=self.push,
         )
         if row["kind"] == "HEARTBEAT":
             self.ts = record.timestamp_ms
@@ -562,15 +658,58 @@ class _VeniceSink(_ArrowSink):
     def start_of_push(self, off, epoch) -> None:
         if off >= self.skip_below:
             self._record({"offset": off, "kind": "START_OF_PUSH", "leader_epoch": epoch})
+        for i, name in enumerate(self._PREAMBLE[: self.preamble]):
+            key = self.venice.DOL_STAMP_KEY_BYTES if name == "DOL_STAMP" else None
+            kind = self.venice.CONTROL_MESSAGE_TYPES.index("START_OF_SEGMENT" if name == "DOL_STAMP" else name)
+            record = self.venice.encode_control_message(kind, producer_guid=self.guid, key_bytes=key, timestamp_ms=self.ts)
+            if off + 1 + i >= self.skip_below:
+                self.records[name] += 1
+            self._write(record, off + 1 + i)
+
+    def _chunks(self, value: str) -> int:
+        stored = self.values.compress(self.push, venice_value_bytes(value, self.chunk_above))
+        return 0 if len(stored) <= self.chunk_above else -(-len(stored) // self.chunk_above)
+
+    def reserve(self, first: int, key: str, value: Optional[str]) -> tuple[int, int]:
+        """The records a data row of ``key`` takes before it (its value's chunks) and after it (cleanup
+        DELETEs of the key's old chunks) when it is written from offset ``first`` on."""
+        n = 0 if value is None else self._chunks(value)
+        row = first + n
+        old = self.chunked.pop(key, None)
+        if n:
+            self.chunked[key] = (row, n)
+        self.plans[row] = (n, old)
+        return n, old[1] if old else 0
+
+    def _chunk_keys(self, key: str, row: int, n: int) -> list[bytes]:
+        user_key = key.encode("utf-8")
+        return [user_key + self.values.chunk_suffix(self.guid, 0, row - n, i) for i in range(n)]
 
     def data(self, off, epoch, key, value, src, soff, wts) -> None:
-        if off < self.skip_below:
-            return
+        n, old = self.plans.pop(off, (0, None))
         row = {"offset": off, "kind": "DELETE" if value is None else "PUT", "key": venice_key(key),
                "source_region": src, "source_offset": soff, "write_ts": wts, "leader_epoch": epoch}
         if value is not None:
-            row["value"] = venice_value(value)
-        self._record(row)
+            row["value"] = venice_value(value, self.chunk_above)
+        if n:
+            records, _ = self.venice.encode_chunked_put(
+                {**self.base, **row}, region_clusters=self.clusters, push=self.push, chunk_size=self.chunk_above,
+                producer_guid=self.guid, segment=0, sequence=off - n,
+            )
+            for i, record in enumerate(records[:-1]):
+                self.records["VALUE_CHUNK"] += off - n + i >= self.skip_below
+                self._write(record, off - n + i)
+            if off >= self.skip_below:
+                self.counts["PUT"] += 1
+            self._write(records[-1], off)
+        elif off >= self.skip_below:
+            self._record(row)
+        if old:
+            cleanups = self.venice.encode_chunk_cleanup(self._chunk_keys(key, *old), {**self.base, **row},
+                                                        region_clusters=self.clusters, producer_guid=self.guid)
+            for i, record in enumerate(cleanups):
+                self.records["CHUNK_CLEANUP"] += off + 1 + i >= self.skip_below
+                self._write(record, off + 1 + i)
 
     def heartbeat(self, off, epoch, src, soff, vector, omin, omax, amin, amax) -> None:
         if off >= self.skip_below:
@@ -605,6 +744,7 @@ class _DamagedSink:
     def __init__(self, sink, config: SimulationConfig, seed_key: str):
         self.sink = sink
         self.config = config
+        self.preamble, self.chunking = 0, False  # not combined with the sinks that write more (SimulationConfig)
         self.rng = random.Random(f"lose:{seed_key}:{sink.replica}")
         self.calls: list[tuple] = []
         self.complete_rows: list[dict] = []
@@ -732,7 +872,12 @@ class _Leader:
         self.every = sim.config.exporter_report_every
         self.next_report = self.every - 1
         sink.start_of_push(0, self.epoch)
-        self.off = 1
+        self.off = 1 + sink.preamble
+        self.chunking = sink.chunking
+        # Rows written so far plus one: the offset of the next row where every row takes one offset. What
+        # waits for a number of rows (a duplicate delivery) counts these, so that records a sink writes
+        # beside the rows (chunks, control messages) leave the history as it is.
+        self.rows = 1
 
     # ---- the hot path
 
@@ -756,8 +901,12 @@ class _Leader:
         cur = self.win.get(k)
         if cur is not None and (wts < cur[0] or (wts == cur[0] and x <= cur[1])):
             return  # loses last-writer-wins: nothing written, the watermark has advanced
-        off = self.off
-        self.off = off + 1
+        if self.chunking:
+            off = self._take(k, msg[4])
+        else:
+            off = self.off
+            self.off = off + 1
+            self.rows += 1
         self.win[k] = (wts, x, msg[4], off)
         self.sink.data(off, self.epoch, k, msg[4], self.sim.regions[x], msg[1], wts)
         if off >= self.next_report:
@@ -830,16 +979,15 @@ class _Leader:
                                   written_value=stored)
         elif fault == "duplicate_delivery":
             gap = self.sim.rng.randint(0, 3)
-            self.dup = {"due": off + 1 + gap, "row": (k, stored, region, soff, wts), "x": x, "original": off}
+            self.dup = {"due": self.rows + gap, "row": (k, stored, region, soff, wts), "x": x, "original": off}
         self._after_row((k, stored, region, soff, wts))
         self._update_slow()
 
     def _data_row(self, k, val, region, soff, wts) -> int:
         """Write a data row (after a due or same-key pending duplicate) and return its offset."""
-        if self.dup is not None and (self.dup["due"] <= self.off or self.dup["row"][0] == k):
+        if self.dup is not None and (self.dup["due"] <= self.rows or self.dup["row"][0] == k):
             self._flush_dup()
-        off = self.off
-        self.off = off + 1
+        off = self._take(k, val)
         self.sink.data(off, self.epoch, k, val, region, soff, wts)
         if self.seg is not None:
             self.seg.append((off, region, soff))
@@ -847,11 +995,23 @@ class _Leader:
             self._report()
         return off
 
+    def _take(self, k: str, val: Optional[str]) -> int:
+        """The offset of the next data row, after the records the sink writes before it; the offsets of
+        those it writes after it are taken too (chunks and chunk cleanups of raw Venice records)."""
+        off = self.off
+        self.rows += 1
+        if self.chunking:
+            before, after = self.sink.reserve(off, k, val)
+            off += before
+            self.off = off + 1 + after
+        else:
+            self.off = off + 1
+        return off
+
     def _flush_dup(self) -> None:
         dup, self.dup = self.dup, None
         k, val, region, soff, wts = dup["row"]
-        off = self.off
-        self.off = off + 1
+        off = self._take(k, val)
         self.sink.data(off, self.epoch, k, val, region, soff, wts)
         if self.seg is not None:
             self.seg.append((off, region, soff))
@@ -866,7 +1026,7 @@ class _Leader:
 
     def _after_row(self, data_row: Optional[tuple]) -> None:
         """Bookkeeping after a row in slow mode: a due duplicate, then a rewind once its span is ready."""
-        if self.dup is not None and self.dup["due"] <= self.off:
+        if self.dup is not None and self.dup["due"] <= self.rows:
             self._flush_dup()
             return
         if not self.rewinds or self.dup is not None:
@@ -944,10 +1104,11 @@ class _Leader:
 
     def _heartbeat(self, x: int, soff: int, t_origin: int) -> None:
         sim = self.sim
-        if self.dup is not None and self.dup["due"] <= self.off:
+        if self.dup is not None and self.dup["due"] <= self.rows:
             self._flush_dup()
         off = self.off
         self.off = off + 1
+        self.rows += 1
         d = sim.config.clock_uncertainty_ms
         amid = BASE_MS + self.now // 1000
         omid = BASE_MS + t_origin // 1000
@@ -1270,6 +1431,8 @@ class _PartitionSim:
                                            "replicas": [leader.name]})
             for kind, n in leader.sink.counts.items():
                 plan.rows[leader.name][kind] += n
+            for kind, n in getattr(leader.sink, "records", {}).items():
+                plan.venice_records.setdefault(leader.name, Counter())[kind] += n
             plan.files.extend(leader.sink.files)
         if self.config.damaged:
             self._complete_topic_proofs()
@@ -1322,6 +1485,8 @@ class _Plan:
 
     def __init__(self, config: SimulationConfig):
         self.config = config
+        self.venice_push = None  # the PushSettings of venice-kafka records, made with the first sink
+        self.venice_records: dict[str, Counter] = {}  # replica -> Venice records without a row, by kind
         self.regions = region_names(config.regions)
         self.topics = topic_names(config.topics)
         self.exporters = [f"exporter-{i}" for i in range(config.exporters)]
@@ -1398,7 +1563,9 @@ class _Plan:
         if fmt == "parquet":
             return _ParquetSink(folder, replica, topic, partition, self.config)
         if fmt == "venice-kafka":
-            return _VeniceSink(folder, replica, topic, partition, self.config, self.regions)
+            if self.venice_push is None:
+                self.venice_push = venice_push_settings(self.config)
+            return _VeniceSink(folder, replica, topic, partition, self.config, self.regions, self.venice_push)
         return _JsonSink(folder, replica, topic, partition, self.config, gz=(fmt == "jsonl.gz"))
 
 
@@ -1438,6 +1605,7 @@ def simulate(
             shutil.rmtree(folder)
         if truth_path.exists():
             truth_path.unlink()
+        (out / f"{snapshot_id}.venice_push_settings.json").unlink(missing_ok=True)
     folder.mkdir(parents=True)
 
     plan = _Plan(config)
@@ -1479,9 +1647,17 @@ def simulate(
         }
     if config.file_format == "venice-kafka":
         # What an audit of these records needs (replica-lens audit --cluster-regions ... --venice-clock-uncertainty-ms ...).
+        push = plan.venice_push or venice_push_settings(config)
+        settings_path = out / f"{snapshot_id}.venice_push_settings.json"
+        _atomic_write_text(settings_path, json.dumps(push_settings_document({t: push for t in plan.topics}), indent=1) + "\n")
         truth["venice"] = {
             "cluster_regions": venice_cluster_regions(plan.regions),
             "clock_uncertainty_ms": config.clock_uncertainty_ms,
+            # Every START_OF_PUSH declares these; the file names them for an audit of a dump without one.
+            "push_settings": push.describe(),
+            "push_settings_file": settings_path.name,  # beside this file
+            # Records that hold no row, per replica and kind: the audit's skipped counts.
+            "records_without_rows": {r: dict(sorted(c.items())) for r, c in sorted(plan.venice_records.items())},
         }
     _atomic_write_text(truth_path, json.dumps(truth, indent=1) + "\n")
     _atomic_write_text(folder / SUCCESS_MARKER, "")
@@ -1501,7 +1677,9 @@ def simulate(
         **({"damage": {"compacted": truth["damage"]["compacted"], "lost": truth["damage"]["lost"],
                        "complete_topic_proofs": len(plan.complete_topic_proofs)}} if config.damaged else {}),
         **({"audit_with": f"--cluster-regions {truth['venice']['cluster_regions']} --venice-clock-uncertainty-ms "
-                          f"{config.clock_uncertainty_ms}"} if "venice" in truth else {}),
+                          f"{config.clock_uncertainty_ms}"
+                          + (f" --venice-push-settings {settings_path}" if config.mid_stream_from
+                             else "")} if "venice" in truth else {}),
     }
 
 
@@ -1521,6 +1699,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                                   "help": f"{f.metadata['help']} (default: {f.default})".replace("%", "%%")}
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
+        if kind is bool:
+            del kwargs["type"]
+            kwargs["action"] = argparse.BooleanOptionalAction
         group.add_argument(_flag(f), **kwargs)
     return parser
 

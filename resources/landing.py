@@ -18,6 +18,7 @@ from pydantic import Field
 
 from resources.errors import InvalidSetting, SnapshotNotReady
 from resources.filesystem import Location
+from resources.push_settings import PUSH_SETTINGS_ENV, PushSettings, parse_push_settings
 from resources.snapshots import SUCCESS_MARKER, UnsafeNameError, check_snapshot_id
 
 CLUSTER_REGIONS_ENV = "REPLICA_LENS_CLUSTER_REGIONS"
@@ -77,6 +78,12 @@ class LandingZone(dg.ConfigurableResource):
         description="Raw Venice records: upstream Kafka cluster id -> region name, as '0=dc-a,1=dc-b' "
         f"(unset: the {CLUSTER_REGIONS_ENV} environment variable).",
     )
+    venice_push_settings: Optional[str] = Field(
+        default=None,
+        description="Raw Venice records: a JSON file naming the compression and chunking of version topics whose "
+        "START_OF_PUSH the snapshot does not hold (docs/venice-input.md; unset: the "
+        f"{PUSH_SETTINGS_ENV} environment variable).",
+    )
     venice_clock_uncertainty_ms: Optional[int] = Field(
         default=None,
         ge=0,
@@ -89,6 +96,11 @@ class LandingZone(dg.ConfigurableResource):
         """The configured cluster id -> region map (this resource's setting, else the environment)."""
         text = self.cluster_regions if self.cluster_regions is not None else os.environ.get(CLUSTER_REGIONS_ENV)
         return parse_cluster_regions(text)
+
+    def push_settings(self) -> dict[str, PushSettings]:
+        """The configured push settings per version topic (this resource's file, else the environment's); {} when none."""
+        path = self.venice_push_settings if self.venice_push_settings is not None else os.environ.get(PUSH_SETTINGS_ENV)
+        return parse_push_settings(path)
 
     def clock_uncertainty_ms(self) -> int:
         """The configured half-width of a Venice heartbeat's clock intervals (this resource's setting, else the

@@ -85,7 +85,7 @@ QUARANTINE_REASONS = (
 # Why a raw Venice record is skipped by rule: it is not a message of SPEC 1 (a control message
 # other than START_OF_PUSH and heartbeats). Skipped rows are not judged; their positions are
 # kept (``RawTopicSkipped``): rows read = accepted + quarantined + skipped.
-SKIP_REASONS = ("CONTROL_MESSAGE",)
+SKIP_REASONS = ("CONTROL_MESSAGE", "VALUE_CHUNK", "CHUNK_CLEANUP")
 
 
 class RawTopicSnapshots(pa.DataFrameModel):

@@ -569,13 +569,14 @@ def test_accounting_by_reason_and_replica(messy):
     assert counts["by_reason"] == dict(sorted(expected_reasons.items()))
     by_replica = counts["by_replica"]
     assert sum(c["read"] for c in by_replica.values()) == counts["rows_read"]
-    assert all(c["read"] == c["accepted"] + c["quarantined"] for c in by_replica.values())
+    assert all(c["read"] == c["accepted"] + c["quarantined"] + c["skipped"] for c in by_replica.values())
     # Quarantined rows without a string replica (malformed, unreadable, "row_without_replica").
     assert by_replica["<unknown>"] == {
         "read": len(MALFORMED) + 4,
         "accepted": 0,
         "stored": 0,
         "quarantined": len(MALFORMED) + 4,
+        "skipped": 0,
     }
     assert by_replica["dc-d"]["accepted"] == len(GZIP_GOOD)
 

@@ -383,6 +383,8 @@ def test_venice_kafka_writes_kafka_source_files_and_exporter_positions_beside_th
     """Catches a Venice file the ingestion would not recognize (wrong columns or types), exporter positions
     lost for want of a Venice record, or a ground truth without the settings its audit needs."""
     from pipelines.ingest import is_venice_schema
+    from pipelines.venice_values import PushSettings
+    from resources.push_settings import parse_push_settings
 
     summary = simulate(tmp_path, "v", SimulationConfig(**SMALL, file_format="venice-kafka"))
     folder = Path(summary["snapshot_dir"])
@@ -399,7 +401,12 @@ def test_venice_kafka_writes_kafka_source_files_and_exporter_positions_beside_th
         counts.update(kinds)
     assert records == summary["rows_total"] - counts["EXPORTER_POSITION"]
     truth = json.loads((tmp_path / "v.ground_truth.json").read_text())
-    assert truth["venice"] == {"cluster_regions": "0=dc-a,1=dc-b,2=dc-c", "clock_uncertainty_ms": 3}
+    assert truth["venice"] == {"cluster_regions": "0=dc-a,1=dc-b,2=dc-c", "clock_uncertainty_ms": 3,
+                               "push_settings": "NO_OP", "push_settings_file": "v.venice_push_settings.json",
+                               "records_without_rows": {}}
+    # The settings file reads back as what every START_OF_PUSH declares.
+    assert parse_push_settings(str(tmp_path / "v.venice_push_settings.json")) == {
+        t: PushSettings() for t in truth["topics"]}
     assert summary["audit_with"] == "--cluster-regions 0=dc-a,1=dc-b,2=dc-c --venice-clock-uncertainty-ms 3"
 
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings, strategies as st
 
 from pipelines.venice import UnknownClusterId, decode_record, encode_record
 from pipelines.venice_protocol import envelope_schema_dict
+from pipelines.venice_values import PushSettings
 
 NS = "com.linkedin.venice.kafka.protocol."
 CLUSTERS = {0: "dc-a", 3: "dc-b", 7: "dc-c"}
@@ -211,8 +212,12 @@ def test_quarantines_and_unknown_cluster():
              "payloadUnion": (NS + "Put", {"putValue": b"x", "schemaId": -10, "replicationMetadataVersionId": -1, "replicationMetadataPayload": b""}),
              "leaderMetadataFooter": footer(14, 1, 0)}
     assert dec(b"\x00k", wire(14, chunk))["reason"] == "CHUNKED_VALUE"
+    # A chunk where START_OF_PUSH declares chunking is read (skipped), not quarantined: tests/test_venice_values.py.
     chunk["payloadUnion"][1]["schemaId"] = 1
-    assert dec(b"\x00k", wire(14, chunk), compressed=True)["reason"] == "COMPRESSED_VALUE"
+    # A strategy Venice does not have (4): no guess at the bytes.
+    assert dec(b"\x00k", wire(14, chunk), push=PushSettings(compression=4))["reason"] == "COMPRESSED_VALUE"
+    # GZIP declared, b"x" is no gzip member.
+    assert dec(b"\x00k", wire(14, chunk), push=PushSettings(compression=1))["reason"] == "UNDECOMPRESSABLE_VALUE"
     good = wire(14, chunk)
     # Catches a decoder that reads a version it has no schema for (9 and 15 bracket 10..14).
     for unknown in (9, 15):

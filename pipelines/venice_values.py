@@ -1,0 +1,198 @@
+"""How a Venice store version writes its values: compression, chunking and the push settings that say which.
+
+Pure functions, used by the decoder (``pipelines.venice``) on the executors and by the encoder
+(tests, simulator). Facts from linkedin/venice at 77ea837f (``internal/venice-common`` and
+``internal/venice-client-common``):
+
+- Push settings. Every partition's START_OF_PUSH declares ``chunked``, ``compressionStrategy``
+  (``CompressionStrategy.java``: 0 NO_OP, 1 GZIP, 2 ZSTD (deprecated), 3 ZSTD_WITH_DICT) and
+  ``compressionDictionary``. They hold for the whole version topic.
+- Compression. Only a PUT's value is compressed (deletes, control messages, chunk manifests and
+  replication metadata are not). GZIP is one standard gzip member (``GzipCompressor``); ZSTD and
+  ZSTD_WITH_DICT are standard zstd frames, the latter made with the START_OF_PUSH dictionary
+  (``ZstdWithDictCompressor``). A value is compressed first, then chunked.
+- Chunking (``WriterChunkingHelper``, ``VeniceWriter.putLargeValue``, ``ChunkedKeySuffix.avsc``,
+  ``ChunkedValueManifest.avsc``). In a chunked version every data key is the user key followed by
+  an Avro ``ChunkedKeySuffix`` {chunkId: union[ChunkId, null], isChunk: boolean}: a whole value
+  (or manifest) ends with ``02 00`` (branch 1 = null, false); a chunk ends with ``00``, the
+  ChunkId (producer GUID, segment, sequence of the first chunk, chunk index) and ``01``. A large
+  value is written as chunk PUTs (schema id -10, the bytes in ``putValue``, or in the
+  replication-metadata payload for RMD chunks, whose indexes continue after the value's) then its
+  manifest: a PUT with schema id -20 whose value is a raw Avro ``ChunkedValueManifest``
+  {keysWithChunkIdSuffix, schemaId (the real value schema), size}. With RMD chunking on, the
+  manifest's replication-metadata payload is itself such a manifest, of the RMD chunks. Replacing
+  or deleting a chunked value is followed by DELETEs with schema id -10 of the old chunk keys.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+from typing import NamedTuple
+
+import fastavro
+
+# CompressionStrategy.java
+NO_OP, GZIP, ZSTD, ZSTD_WITH_DICT = 0, 1, 2, 3
+COMPRESSION_NAMES = {NO_OP: "NO_OP", GZIP: "GZIP", ZSTD: "ZSTD", ZSTD_WITH_DICT: "ZSTD_WITH_DICT"}
+CHUNK_SCHEMA_ID = -10  # AvroProtocolDefinition.CHUNK
+MANIFEST_SCHEMA_ID = -20  # AvroProtocolDefinition.CHUNKED_VALUE_MANIFEST
+NON_CHUNK_SUFFIX = b"\x02\x00"  # ChunkedKeySuffix{chunkId: null, isChunk: false}
+
+_MANIFEST_SCHEMA = fastavro.parse_schema({
+    "name": "ChunkedValueManifest", "namespace": "com.linkedin.venice.storage.protocol", "type": "record",
+    "fields": [
+        {"name": "keysWithChunkIdSuffix", "type": {"type": "array", "items": "bytes"}},
+        {"name": "schemaId", "type": "int"},
+        {"name": "size", "type": "int"},
+    ],
+})
+_CHUNK_ID_SCHEMA = fastavro.parse_schema({
+    "name": "ChunkId", "namespace": "com.linkedin.venice.storage.protocol", "type": "record",
+    "fields": [
+        {"name": "producerGUID", "type": {"name": "GUID", "type": "fixed", "size": 16}},
+        {"name": "segmentNumber", "type": "int"},
+        {"name": "messageSequenceNumber", "type": "int"},
+        {"name": "chunkIndex", "type": "int"},
+    ],
+})
+
+
+class PushSettings(NamedTuple):
+    """What a version topic's START_OF_PUSH declares about its values."""
+
+    chunked: bool = False
+    compression: int = NO_OP
+    dictionary: bytes | None = None
+
+    def describe(self) -> str:
+        name = COMPRESSION_NAMES.get(self.compression, f"strategy {self.compression}")
+        return f"{name}{', chunked' if self.chunked else ''}"
+
+
+NOT_DECLARED = PushSettings()
+
+
+class CorruptValue(ValueError):
+    """A value that does not decompress with its version's strategy (or dictionary)."""
+
+
+class UnsupportedCompression(ValueError):
+    """A compression strategy Replica Lens does not know."""
+
+
+def decompress(settings: PushSettings, data: bytes) -> bytes:
+    """A PUT's value bytes as the writer serialized them, before compression."""
+    strategy = settings.compression
+    if strategy == NO_OP:
+        return data
+    if strategy == GZIP:
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError, ValueError) as exc:
+            raise CorruptValue(f"not a gzip member: {exc}") from exc
+    if strategy in (ZSTD, ZSTD_WITH_DICT):
+        import zstandard
+
+        if strategy == ZSTD_WITH_DICT and not settings.dictionary:
+            raise CorruptValue("ZSTD_WITH_DICT declared without a dictionary")
+        dctx = _zstd_decompressor(settings.dictionary if strategy == ZSTD_WITH_DICT else None)
+        try:
+            # Venice's frames carry their content size; a stream reader copes with any that do not.
+            return dctx.stream_reader(io.BytesIO(data)).read()
+        except zstandard.ZstdError as exc:
+            raise CorruptValue(f"not a zstd frame of this dictionary: {exc}") from exc
+    raise UnsupportedCompression(f"compression strategy {strategy}")
+
+
+_ZSTD: dict[bytes | None, object] = {}
+
+
+def _zstd_decompressor(dictionary: bytes | None):
+    import zstandard
+
+    if dictionary not in _ZSTD:
+        zdict = zstandard.ZstdCompressionDict(dictionary) if dictionary else None
+        _ZSTD[dictionary] = zstandard.ZstdDecompressor(dict_data=zdict)
+    return _ZSTD[dictionary]
+
+
+def compress(settings: PushSettings, data: bytes) -> bytes:
+    """The inverse of ``decompress`` (deterministic: gzip with mtime 0), for the encoder."""
+    if settings.compression == NO_OP:
+        return data
+    if settings.compression == GZIP:
+        return gzip.compress(data, mtime=0)
+    import zstandard
+
+    zdict = zstandard.ZstdCompressionDict(settings.dictionary) if settings.compression == ZSTD_WITH_DICT else None
+    return zstandard.ZstdCompressor(dict_data=zdict, write_content_size=True).compress(data)
+
+
+def chunk_suffix(guid: bytes, segment: int, sequence: int, index: int) -> bytes:
+    """The ChunkedKeySuffix of a chunk: branch 0, the ChunkId, isChunk true."""
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, _CHUNK_ID_SCHEMA, {"producerGUID": guid, "segmentNumber": segment,
+                                                       "messageSequenceNumber": sequence, "chunkIndex": index})
+    return b"\x00" + out.getvalue() + b"\x01"
+
+
+def is_chunk_key(key: bytes, user_key: bytes) -> bool:
+    """Whether ``key`` is ``user_key`` followed by a chunk's ChunkedKeySuffix (exactly)."""
+    if not key.startswith(user_key) or len(key) < len(user_key) + 18:
+        return False
+    rest = key[len(user_key):]
+    if rest[0] != 0 or rest[-1] != 1:
+        return False
+    buf = io.BytesIO(rest[1:-1])
+    try:
+        fastavro.schemaless_reader(buf, _CHUNK_ID_SCHEMA, None)
+    except Exception:
+        return False
+    return buf.tell() == len(rest) - 2
+
+
+def encode_manifest(keys: list[bytes], schema_id: int, size: int) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, _MANIFEST_SCHEMA, {"keysWithChunkIdSuffix": keys, "schemaId": schema_id, "size": size})
+    return out.getvalue()
+
+
+def decode_manifest(data: bytes) -> dict:
+    """A raw Avro ChunkedValueManifest -> {keys, schema_id, size}; ValueError when it is not exactly one."""
+    buf = io.BytesIO(data)
+    try:
+        m = fastavro.schemaless_reader(buf, _MANIFEST_SCHEMA, None)
+    except Exception as exc:
+        raise ValueError(f"not a ChunkedValueManifest: {exc}") from exc
+    if buf.tell() != len(data) or m["size"] < 0:
+        raise ValueError("not a ChunkedValueManifest: trailing bytes or a negative size")
+    return {"keys": [bytes(k) for k in m["keysWithChunkIdSuffix"]], "schema_id": m["schemaId"], "size": m["size"]}
+
+
+def rmd_manifest(data: bytes, user_key: bytes) -> dict | None:
+    """The RMD manifest a chunked value's manifest carries as replication metadata when RMD chunking is
+    on, or None when the payload is the RMD itself. A payload is taken for a manifest only when it
+    parses exactly as one whose keys (at least one) are all chunk keys of ``user_key``: a value-level
+    RMD (``00``, a timestamp, an offset vector) never is."""
+    if not data:
+        return None
+    try:
+        m = decode_manifest(data)
+    except ValueError:
+        return None
+    if not m["keys"] or not all(is_chunk_key(k, user_key) for k in m["keys"]):
+        return None
+    return m
+
+
+def assemble(manifest: dict, chunks: dict[bytes, bytes]) -> tuple[bytes | None, list[int]]:
+    """The bytes a manifest names, from ``chunks`` (chunk key -> bytes): (bytes, []) or (None, the
+    indexes within the manifest of the chunks that are missing). A size that does not add up is a
+    missing chunk too (of index -1)."""
+    missing = [i for i, k in enumerate(manifest["keys"]) if k not in chunks]
+    if missing:
+        return None, missing
+    data = b"".join(chunks[k] for k in manifest["keys"])
+    if len(data) != manifest["size"]:
+        return None, [-1]
+    return data, []

@@ -1,0 +1,193 @@
+"""Compressed and chunked Venice values (pipelines/venice_values.py, pipelines/venice.py), decoded from bytes
+written by hand: gzip members from the standard library, zstd frames from the zstandard package, chunk
+suffixes and manifests spelled out byte by byte in Avro binary. So the decoder is checked against the
+wire format, not against the project's own encoder. No Spark."""
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+
+import fastavro
+import pytest
+import zstandard
+
+from pipelines import venice
+from pipelines.venice_protocol import envelope_schema_dict
+from pipelines.venice_values import GZIP, NO_OP, ZSTD_WITH_DICT, PushSettings, decode_manifest, rmd_manifest
+
+NS = "com.linkedin.venice.kafka.protocol."
+CLUSTERS = {0: "dc-a", 3: "dc-b"}
+GUID = bytes(range(16))
+USER_KEY = b"\x06key"  # an Avro string "key"
+# ChunkedKeySuffix{chunkId: null, isChunk: false}: union branch 1 (zigzag 02), boolean false (00).
+WHOLE = USER_KEY + b"\x02\x00"
+
+
+def chunk_key(index: int) -> bytes:
+    # Branch 0 (ChunkId), the GUID (fixed 16), segment 5 (zigzag 0a), sequence 300 (zigzag d8 04),
+    # chunkIndex (zigzag 2n), isChunk true (01).
+    return USER_KEY + b"\x00" + GUID + b"\x0a" + b"\xd8\x04" + bytes([2 * index]) + b"\x01"
+
+
+def avro_bytes(b: bytes) -> bytes:
+    assert len(b) < 64
+    return bytes([2 * len(b)]) + b
+
+
+def manifest_bytes(keys: list[bytes], schema_id: int, size: int) -> bytes:
+    # ChunkedValueManifest: one array block of len(keys) items (zigzag), each bytes; the end-of-array 00;
+    # schemaId and size as zigzag ints (all small here).
+    return bytes([2 * len(keys)]) + b"".join(avro_bytes(k) for k in keys) + b"\x00" + bytes([2 * schema_id, 2 * size])
+
+
+def wire(env: dict) -> bytes:
+    out = io.BytesIO()
+    out.write(bytes([23, 14]))
+    fastavro.schemaless_writer(out, fastavro.parse_schema(envelope_schema_dict(14)), env)
+    return out.getvalue()
+
+
+def pm(logical: int = -2) -> dict:
+    return {"producerGUID": GUID, "segmentNumber": 5, "messageSequenceNumber": 300, "messageTimestamp": 1,
+            "logicalTimestamp": logical}
+
+
+def footer(offset: int) -> tuple:
+    return (NS + "LeaderMetadata", {"hostName": "h", "upstreamOffset": offset, "upstreamKafkaClusterId": 3,
+                                    "upstreamPubSubPosition": b"", "termId": -1, "upstreamMessageTimestamp": -1})
+
+
+def put(value: bytes, schema_id: int, offset: int = 40, rmd: bytes = b"", rmd_version: int = -1) -> bytes:
+    return wire({"messageType": 0, "producerMetadata": pm(),
+                 "payloadUnion": (NS + "Put", {"putValue": value, "schemaId": schema_id,
+                                               "replicationMetadataVersionId": rmd_version,
+                                               "replicationMetadataPayload": rmd}),
+                 "leaderMetadataFooter": footer(offset)})
+
+
+def dec(key: bytes, value: bytes, push: PushSettings, offset: int = 11) -> dict:
+    return venice.decode_record(key, value, replica="dc-a", topic="s_v3", partition=0, offset=offset,
+                                timestamp_ms=0, cluster_regions=CLUSTERS, push=push)
+
+
+VALUE = b"\x0ahello" * 7  # the serialized user value: 42 bytes
+
+
+def test_gzip_and_zstd_with_dictionary_values_decompress():
+    """Catches a decoder that stores compressed bytes as the value (the bug of issue 43), or that ignores the
+    START_OF_PUSH dictionary."""
+    samples = [bytes([i % 256, i // 256]) + b"\x0ahello" * (i % 9 + 1) for i in range(300)]
+    dictionary = zstandard.train_dictionary(512, samples).as_bytes()
+    frame = zstandard.ZstdCompressor(dict_data=zstandard.ZstdCompressionDict(dictionary)).compress(VALUE)
+    for push, stored in ((PushSettings(False, GZIP), gzip.compress(VALUE)),
+                         (PushSettings(False, ZSTD_WITH_DICT, dictionary), frame)):
+        got = dec(b"\x00" + USER_KEY, put(stored, 7), push)
+        assert got["outcome"] == "row"
+        assert got["row"]["value"] == "7:" + base64.b64encode(VALUE).decode()
+    # Without the dictionary the frame is not readable: quarantined, not stored as garbage.
+    other = zstandard.train_dictionary(512, [b"zz" + bytes([i % 256]) * 40 + bytes([i // 256]) for i in range(300)]).as_bytes()
+    got = dec(b"\x00" + USER_KEY, put(frame, 7), PushSettings(False, ZSTD_WITH_DICT, other))
+    assert (got["outcome"], got["reason"]) == ("quarantined", "UNDECOMPRESSABLE_VALUE")
+
+
+def test_start_of_push_declares_the_settings():
+    """Catches reading the wrong StartOfPush fields (chunked, compressionStrategy, compressionDictionary)."""
+    sop = {"sorted": True, "chunked": True, "compressionStrategy": 3, "compressionDictionary": b"DICT",
+           "timestampPolicy": 0}
+    env = {"messageType": 2, "producerMetadata": pm(-1),
+           "payloadUnion": (NS + "ControlMessage", {"controlMessageType": 0, "debugInfo": {},
+                                                    "controlMessageUnion": (NS + "StartOfPush", sop)}),
+           "leaderMetadataFooter": None}
+    key = b"\x02" + GUID + bytes(8)
+    assert venice.start_of_push_settings(key, wire(env)) == PushSettings(True, ZSTD_WITH_DICT, b"DICT")
+    assert venice.start_of_push_settings(b"\x00" + WHOLE, put(VALUE, 1)) is None
+
+
+def test_chunked_value_is_reassembled_under_its_manifest():
+    """Catches: keys that keep the chunking suffix (02 00), chunks stored as rows, a manifest stored as a
+    value, chunks joined out of order, a value decompressed before reassembly, and a missing chunk that is
+    not named."""
+    push = PushSettings(True, GZIP)
+    stored = gzip.compress(VALUE, mtime=0)
+    pieces = [stored[i:i + 20] for i in range(0, len(stored), 20)]
+    keys = [chunk_key(i) for i in range(len(pieces))]
+    outcomes = [dec(b"\x00" + k, put(p, -10, offset=-1, rmd_version=1), push, offset=20 + i)
+                for i, (k, p) in enumerate(zip(keys, pieces))]
+    assert {(o["outcome"], o["reason"]) for o in outcomes} == {("skipped", "VALUE_CHUNK")}
+    assert [o["row"]["offset"] for o in outcomes] == list(range(20, 20 + len(pieces)))
+    manifest = manifest_bytes(keys, 7, len(stored))
+    assert decode_manifest(manifest) == {"keys": keys, "schema_id": 7, "size": len(stored)}
+    rmd = b"\x00" + b"\xd0\x0f" + b"\x00"  # value-level timestamp 1000 ms, empty offset vector
+    m = dec(b"\x00" + WHOLE, put(manifest, -20, offset=41, rmd=rmd, rmd_version=1), push, offset=30)
+    assert m["outcome"] == "manifest"
+    chunks = {o["row"]["chunk_key"]: o["row"]["chunk_bytes"] for o in outcomes}
+    got = venice.assemble_manifest(m, dict(reversed(list(chunks.items()))), push)
+    assert got["outcome"] == "row"
+    assert got["row"] == {"replica": "dc-a", "topic": "s_v3", "partition": 0, "offset": 30, "kind": "PUT",
+                          "key": base64.b64encode(USER_KEY).decode(), "value": "7:" + base64.b64encode(VALUE).decode(),
+                          "source_region": "dc-b", "source_offset": 41, "write_ts": 1000 << 18, "leader_epoch": None}
+    del chunks[keys[1]]
+    got = venice.assemble_manifest(m, chunks, push)
+    assert (got["outcome"], got["reason"]) == ("quarantined", "MISSING_CHUNKS")
+    assert got["missing"] == f"{len(keys)} value chunks, 1 not in the dump: value chunk 1"
+    # A whole (small) value in a chunked version: the suffix goes, the value is decompressed.
+    small = dec(b"\x00" + WHOLE, put(gzip.compress(b"\x02v"), 7), push)
+    assert small["row"]["key"] == base64.b64encode(USER_KEY).decode() and small["row"]["value"] == "7:" + base64.b64encode(b"\x02v").decode()
+    # A data key without the suffix in a chunked version is no Venice record.
+    assert dec(b"\x00" + USER_KEY, put(gzip.compress(b"\x02v"), 7), push)["reason"] == "MALFORMED_RECORD"
+    # The same chunk where START_OF_PUSH does not declare chunking: quarantined as before.
+    assert dec(b"\x00" + keys[0], put(pieces[0], -10), PushSettings(False, GZIP))["reason"] == "CHUNKED_VALUE"
+
+
+def test_chunked_replication_metadata_gives_the_write_time():
+    """Catches a manifest whose RMD payload is an RMD manifest read as the RMD itself (a wrong or null write_ts)."""
+    push = PushSettings(True, NO_OP)
+    rmd = b"\x00" + b"\xd0\x0f" + b"\x00"
+    value_key, rmd_key = chunk_key(0), chunk_key(1)
+    chunk_v = dec(b"\x00" + value_key, put(VALUE, -10, offset=-1, rmd_version=1), push)
+    chunk_r = dec(b"\x00" + rmd_key, put(b"", -10, offset=-1, rmd=rmd, rmd_version=1), push)
+    rmd_m = manifest_bytes([rmd_key], 7, len(rmd))
+    assert rmd_manifest(rmd_m, USER_KEY)["keys"] == [rmd_key]
+    assert rmd_manifest(rmd, USER_KEY) is None  # a value-level RMD is never taken for a manifest
+    m = dec(b"\x00" + WHOLE, put(manifest_bytes([value_key], 7, len(VALUE)), -20, rmd=rmd_m, rmd_version=1), push)
+    chunks = {c["row"]["chunk_key"]: c["row"]["chunk_bytes"] for c in (chunk_v, chunk_r)}
+    got = venice.assemble_manifest(m, chunks, push)
+    assert got["row"]["write_ts"] == 1000 << 18 and got["row"]["value"] == "7:" + base64.b64encode(VALUE).decode()
+    got = venice.assemble_manifest(m, {value_key: VALUE}, push)
+    assert got["missing"] == "1 value chunks, 1 not in the dump: RMD chunk 0"
+
+
+def test_chunk_cleanup_deletes_are_skipped_not_user_deletes():
+    """Catches the false MISSING of issue 43: a leader's DELETE of old chunk keys (whose GUID differs per
+    region) stored as a user DELETE of a key no other replica has."""
+    env = {"messageType": 1, "producerMetadata": pm(),
+           "payloadUnion": (NS + "Delete", {"schemaId": -10, "replicationMetadataVersionId": 1,
+                                            "replicationMetadataPayload": b""}),
+           "leaderMetadataFooter": footer(41)}
+    got = dec(b"\x00" + chunk_key(0), wire(env), PushSettings(True, NO_OP))
+    assert (got["outcome"], got["reason"]) == ("skipped", "CHUNK_CLEANUP")
+    assert got["row"] == {"replica": "dc-a", "topic": "s_v3", "partition": 0, "offset": 11}
+    # A user DELETE (the value's schema id, the whole-value suffix) stays a DELETE of the user key.
+    env["payloadUnion"][1]["schemaId"] = 7
+    got = dec(b"\x00" + WHOLE, wire(env), PushSettings(True, NO_OP))
+    assert got["row"]["kind"] == "DELETE" and got["row"]["key"] == base64.b64encode(USER_KEY).decode()
+
+
+@pytest.mark.parametrize("control_type,name", [(1, "END_OF_PUSH"), (3, "END_OF_SEGMENT"), (5, "START_OF_INCREMENTAL_PUSH"),
+                                               (6, "END_OF_INCREMENTAL_PUSH"), (7, "TOPIC_SWITCH"), (8, "VERSION_SWAP")])
+def test_control_messages_are_classified(control_type, name):
+    """Catches a control message counted under the wrong kind (the skipped counts per kind)."""
+    record = venice.encode_control_message(control_type)
+    got = dec(record.key, record.value, PushSettings())
+    assert (got["outcome"], got["reason"], got["row"]["control_message"]) == ("skipped", "CONTROL_MESSAGE", name)
+
+
+def test_leadership_stamp_is_recognized_by_its_key():
+    """KafkaKey.DOL_STAMP: header 2, UUID.nameUUIDFromBytes("declarationOfLeadershipControlMessage") =
+    4a5ead6e-f3a9-32f0-864e-3b7c324c9275, segment 0, sequence 0. Catches a stamp counted as a plain segment start."""
+    key = bytes.fromhex("02" "4a5ead6ef3a932f0864e3b7c324c9275" "00000000" "00000000")
+    record = venice.encode_control_message(2, key_bytes=key[1:])
+    assert dec(key, record.value, PushSettings())["row"]["control_message"] == "DOL_STAMP"
+    other = venice.encode_control_message(2)
+    assert dec(other.key, other.value, PushSettings())["row"]["control_message"] == "START_OF_SEGMENT"
