@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 
 from pipelines.ingest import VeniceSettings, judge_rows, read_snapshot_lines
 from replica_lens.audit import run_audit
@@ -45,20 +46,36 @@ VALUE_COLUMNS = {"value", "witness_value_a", "witness_value_b"}
 IGNORED = {"snapshot_id", "source_file", "value_hash", "witness_hash_a", "witness_hash_b", "last_hash_a", "last_hash_b"}
 
 
-def _simulate_both(landing: Path) -> dict:
+# The same history as a production store writes it (issue 43): values compressed with a trained zstd
+# dictionary, a quarter of them large enough to be chunked (then chunk-cleanup DELETEs when replaced), and
+# the control messages of a push. Its chunks and control messages take offsets of their own, so positions
+# differ from the SPEC snapshot's; everything else must not.
+CHUNK_ABOVE = 48
+PRODUCTION = dict(file_format="venice-kafka", compression="zstd-dict", chunk_above=CHUNK_ABOVE, push_control_messages=True)
+
+
+def _simulate_both(landing: Path, production: bool = False) -> dict:
     spec = simulate(str(landing), "spec", SimulationConfig(**HISTORY, file_format="jsonl"))
     venice = simulate(str(landing), "venice", SimulationConfig(**HISTORY, file_format="venice-kafka"))
     assert spec["rows"] == venice["rows"], "the same seed and knobs must simulate the same history"
+    if production:
+        made = simulate(str(landing), "production", SimulationConfig(**HISTORY, **PRODUCTION))
+        rows = {r: {k: n for k, n in kinds.items() if k != "EXPORTER_POSITION"} for r, kinds in made["rows"].items()}
+        assert rows == {r: {k: n for k, n in kinds.items() if k != "EXPORTER_POSITION"} for r, kinds in spec["rows"].items()}
     return json.loads((landing / "venice.ground_truth.json").read_text())["venice"]
 
 
 @pytest.fixture(scope="module")
-def audited(tmp_path_factory):
-    landing = tmp_path_factory.mktemp("landing")
+def landing(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("landing")
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory, landing):
     warehouse = tmp_path_factory.mktemp("warehouse")
-    venice = _simulate_both(landing)
-    for sid, extra in (("spec", {}), ("venice", {"cluster_regions": venice["cluster_regions"],
-                                                 "venice_clock_uncertainty_ms": venice["clock_uncertainty_ms"]})):
+    venice = _simulate_both(landing, production=True)
+    decode = {"cluster_regions": venice["cluster_regions"], "venice_clock_uncertainty_ms": venice["clock_uncertainty_ms"]}
+    for sid, extra in (("spec", {}), ("venice", decode), ("production", decode)):
         audit = run_audit(sid, str(landing), str(warehouse), **SETTINGS, **extra)
         assert audit.success, audit.error
     return DeltaStore(warehouse_root=str(warehouse))
@@ -69,7 +86,7 @@ def _ms(hlc: int | None) -> int | None:
     return None if hlc is None else hlc >> 18 << 18
 
 
-def _as_venice(cells: dict) -> dict:
+def _as_venice(cells: dict, chunk_above: int | None = None) -> dict:
     """A SPEC snapshot's row as the audit of the same history in Venice records has it: keys and values
     spelled as Venice bytes, write_ts in whole milliseconds, and a START_OF_PUSH without a leader epoch (a
     Venice START_OF_PUSH carries no leader footer)."""
@@ -83,7 +100,7 @@ def _as_venice(cells: dict) -> dict:
     for c in KEY_COLUMNS & cells.keys():
         cells[c] = None if cells[c] is None else venice_key(cells[c])
     for c in VALUE_COLUMNS & cells.keys():
-        cells[c] = None if cells[c] is None else venice_value(cells[c])
+        cells[c] = None if cells[c] is None else venice_value(cells[c], chunk_above)
     if cells.get("kind") == "START_OF_PUSH" and "leader_epoch" in cells:
         cells["leader_epoch"] = None
     return cells
@@ -147,3 +164,84 @@ def test_venice_records_decode_to_the_spec_rows_of_the_same_history(spark, tmp_p
         assert g == e
     kinds = Counter(r["kind"] for r in got)
     assert kinds["HEARTBEAT"] and kinds["PUT"] and kinds["DELETE"] and kinds["START_OF_PUSH"] and kinds["EXPORTER_POSITION"]
+
+
+# --- production-shaped records (issue 43) ------------------------------------------------------
+
+PRODUCTION_COMPARED = (
+    "divergence_reports", "divergence_summary", "reconstructed_watermarks", "partition_watermarks",
+    "heartbeat_segment_summary", "heartbeat_segments", "heartbeat_lag", "replication_lag",
+)
+# Version-topic positions, each of the replica a row names (the others are upstream positions).
+POSITIONS = {"offset": "replica", "opening_offset": "replica", "first_offset": "replica", "last_offset": "replica",
+             "first_gap_offset": "replica", "last_gap_offset": "replica", "witness_offset_a": "replica_a",
+             "last_offset_a": "replica_a", "witness_offset_b": "replica_b", "last_offset_b": "replica_b"}
+
+
+def _positions(spark, store: DeltaStore, snapshot_id: str) -> dict:
+    frame = store.read_snapshot(spark, "raw_topic_snapshots", snapshot_id, struct_for("raw_topic_snapshots"))
+    out: dict = {}
+    for r in frame.where("offset IS NOT NULL").select("replica", "topic", "partition", "offset").collect():
+        out.setdefault((r["replica"], r["topic"], r["partition"]), []).append(r["offset"])
+    return {where: sorted(offsets) for where, offsets in out.items()}
+
+
+@pytest.fixture(scope="module")
+def position_map(spark, audited) -> dict:
+    """Production offset -> SPEC offset of the same row, per replica partition: the n-th row is the n-th row."""
+    spec, production = _positions(spark, audited, "spec"), _positions(spark, audited, "production")
+    assert spec.keys() == production.keys()
+    mapping = {}
+    for where, offsets in production.items():
+        assert len(offsets) == len(spec[where]), where
+        mapping[where] = dict(zip(offsets, spec[where]))
+    # The chunks and control messages did move positions (else the mapping would test nothing).
+    assert any(a != b for m in mapping.values() for a, b in m.items())
+    return mapping
+
+
+def _production_rows(spark, store: DeltaStore, table: str, snapshot_id: str, position_map: dict) -> Counter:
+    frame = store.read_snapshot(spark, table, snapshot_id, struct_for(table))
+    columns = [c for c in frame.columns if c not in IGNORED]
+    rows = Counter()
+    for row in frame.select(*columns).collect():
+        cells = row.asDict(recursive=True)
+        if snapshot_id == "spec":
+            _as_venice(cells, CHUNK_ABOVE)
+        else:
+            for column, replica in POSITIONS.items():
+                if cells.get(column) is not None:
+                    cells[column] = position_map[(cells[replica], cells["topic"], cells["partition"])][cells[column]]
+        rows[tuple(sorted((k, plain(v)) for k, v in cells.items()))] += 1
+    return rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("table", PRODUCTION_COMPARED)
+def test_compressed_chunked_records_audit_like_the_spec_rows(spark, audited, position_map, table):
+    """The same history through zstd-dictionary values, chunked values with their cleanups and a push's
+    control messages: the same verdicts, witnesses (logical values), segments, watermarks and lag, at the
+    same rows. Catches values left compressed or not reassembled (witness and watermark values differ),
+    chunk-cleanup DELETEs taken for user deletes (false MISSING verdicts: the chunk keys hold each region's
+    producer GUID), chunking suffixes left on keys, and chunk or control-message positions taken for gaps
+    (gap columns and bounds differ)."""
+    spec = _production_rows(spark, audited, table, "spec", position_map)
+    production = _production_rows(spark, audited, table, "production", position_map)
+    assert spec, f"{table} is empty: the comparison would prove nothing"
+    assert production == spec, (f"{table}: only in SPEC {list((spec - production).items())[:2]}, "
+                                f"only in production {list((production - spec).items())[:2]}")
+
+
+@pytest.mark.slow
+def test_compressed_chunked_records_are_all_accounted_for(spark, audited, landing):
+    """Every record the simulator wrote without a row (chunks, cleanups, control messages) is skipped by rule
+    under its kind, per replica: catches a chunk quarantined or a control message counted under the wrong kind."""
+    truth = json.loads((landing / "production.ground_truth.json").read_text())["venice"]
+    assert truth["push_settings"] == "ZSTD_WITH_DICT, chunked"
+    skipped = audited.read_snapshot(spark, "raw_topic_skipped", "production", struct_for("raw_topic_skipped"))
+    counted: dict = {}
+    for r in skipped.groupBy("replica", F.coalesce("control_message", "reason").alias("kind")).count().collect():
+        counted.setdefault(r["replica"], {})[r["kind"]] = r["count"]
+    assert counted == truth["records_without_rows"]
+    assert all(kinds["VALUE_CHUNK"] and kinds["CHUNK_CLEANUP"] and kinds["DOL_STAMP"] for kinds in counted.values())
+    assert audited.read_snapshot(spark, "raw_topic_quarantine", "production", struct_for("raw_topic_quarantine")).count() == 0
