@@ -5,6 +5,7 @@ decoder's reason; an upstream cluster id without a region name fails the run bef
 written."""
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import io
 from pathlib import Path
@@ -195,3 +196,65 @@ def test_clock_uncertainty_setting_is_parsed_strictly_and_falls_back_to_the_envi
         main(args)
     assert exit_info.value.code == EXIT_USAGE
     assert "not a whole number of milliseconds" in capsys.readouterr().err
+
+
+def test_a_mid_stream_chunked_dump_needs_push_settings_and_names_missing_chunks(spark, tmp_path):
+    """A dump that starts mid-stream holds no START_OF_PUSH. Catches: its values read as if uncompressed
+    (the run must stop naming the topics until a settings file says how they are written), and a manifest
+    whose chunks lie before the dump's first offset stored as a value, dropped, or quarantined without
+    saying which chunks are missing."""
+    import json
+
+    from pipelines.venice_frame import UnknownPushSettings
+    from replica_lens.simulator import SimulationConfig, simulate
+    from resources.push_settings import parse_push_settings
+
+    # The cut at 146 falls inside a chunked value in both replicas (its chunks before, its manifest after).
+    config = SimulationConfig(seed=5, regions=2, partitions=1, keys=30, writes=600, file_format="venice-kafka",
+                              compression="gzip", chunk_above=40, mid_stream_from=146)
+    summary = simulate(tmp_path, "mid", config)
+    truth = json.loads(Path(summary["ground_truth"]).read_text())["venice"]
+    settings = VeniceSettings(parse_cluster_regions(truth["cluster_regions"]), truth["clock_uncertainty_ms"])
+    with pytest.raises(UnknownPushSettings, match=r"\['store_v1'\] hold data records but no START_OF_PUSH"):
+        read_snapshot_lines(spark, summary["snapshot_dir"], settings)
+    assert "--venice-push-settings" in summary["audit_with"]
+    settings = VeniceSettings(settings.cluster_regions, settings.clock_uncertainty_ms,
+                              parse_push_settings(str(tmp_path / truth["push_settings_file"])))
+    judgement = judge_rows(read_snapshot_lines(spark, summary["snapshot_dir"], settings), "mid")
+    accepted = judgement.accepted.collect()  # first: the quarantine is read from its pass's observations
+    quarantined = judgement.quarantine().collect()
+    skipped = judgement.skipped_by_reason()
+    counts = accounting_from_tables(judgement.accepted, judgement.quarantined, skipped)
+    assert quarantined and {r["reason"] for r in quarantined} == {"MISSING_CHUNKS"}
+    for r in quarantined:
+        missing = json.loads(r["raw"])["missing"]
+        assert r["offset"] >= 146 and "not in the dump: value chunk 0" in missing, missing
+    # Every other record: accepted (values decompressed, keys without suffix) or skipped by rule.
+    assert counts["rows_read"] == sum(pq.read_metadata(p).num_rows for p in Path(summary["snapshot_dir"]).glob("*.kafka.parquet")) + sum(
+        pq.read_metadata(p).num_rows for p in Path(summary["snapshot_dir"]).glob("*.exporters.*.parquet"))
+    assert set(skipped) == {"VALUE_CHUNK", "CHUNK_CLEANUP"}
+    values = [r["value"] for r in accepted if r["kind"] == "PUT"]
+    assert values and all(base64.b64decode(v.split(":", 1)[1]).startswith(b"v") for v in values)
+
+
+def test_push_settings_file_is_parsed_strictly(tmp_path):
+    """Catches a typo in the settings file (an unknown strategy, a missing dictionary, an unknown field) read as
+    some default, which would store compressed bytes as values."""
+    from pipelines.venice_values import GZIP, ZSTD_WITH_DICT, PushSettings
+    from resources.push_settings import parse_push_settings
+
+    (tmp_path / "v7.dict").write_bytes(b"DICT")
+    good = tmp_path / "good.json"
+    good.write_text('{"a_v1": {"compression": "gzip", "chunked": true},'
+                    ' "b_v7": {"compression": "ZSTD_WITH_DICT", "dictionary_file": "v7.dict"},'
+                    ' "c_v2": {"compression": "ZSTD_WITH_DICT", "dictionary_base64": "RElDVA=="}}')
+    assert parse_push_settings(str(good)) == {"a_v1": PushSettings(True, GZIP),
+                                              "b_v7": PushSettings(False, ZSTD_WITH_DICT, b"DICT"),
+                                              "c_v2": PushSettings(False, ZSTD_WITH_DICT, b"DICT")}
+    assert parse_push_settings(None) == {}
+    for bad in ('{"a": {"compression": "LZ4"}}', '{"a": {"compression": "ZSTD_WITH_DICT"}}',
+                '{"a": {"compresion": "GZIP"}}', '{"a": {"chunked": "yes"}}', '["a"]', "{",
+                '{"a": {"compression": "ZSTD_WITH_DICT", "dictionary_file": "nope.dict"}}'):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(InvalidSetting, match="Venice push settings"):
+            parse_push_settings(str(tmp_path / "bad.json"))
