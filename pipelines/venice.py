@@ -60,12 +60,20 @@ Mapping to SPEC 1 (``decode_record``):
 - HEARTBEAT: origin_ts = messageTimestamp +- clock_uncertainty_ms; applied_ts = Kafka record
   timestamp +- clock_uncertainty_ms; hb_vector null (one component, which is
   ``{source_region: source_offset}`` already; the contract treats it so).
-- START_OF_PUSH: only replica/topic/partition/offset/kind.
-- UPDATE (partial update) -> quarantined UPDATE_NOT_APPLIED. A PUT whose schemaId is negative
-  (-10 CHUNK, -20 CHUNKED_VALUE_MANIFEST, AvroProtocolDefinition.java) -> quarantined
-  CHUNKED_VALUE. Compression is declared per version (StartOfPush.compressionStrategy), not per
-  record, so a compressed store cannot be seen from one record: ``compressed=True`` quarantines
-  every PUT with COMPRESSED_VALUE. Unparseable bytes -> MALFORMED_RECORD.
+- START_OF_PUSH: only replica/topic/partition/offset/kind; what it declares about the version's
+  values (chunking, compression, dictionary) is read by ``start_of_push_settings`` and given to
+  every record of the topic as ``push`` (``pipelines/venice_values.py`` has the facts).
+- UPDATE (partial update) -> quarantined UPDATE_NOT_APPLIED.
+- Compression: a PUT's value is decompressed with ``push`` (UNDECOMPRESSABLE_VALUE when it does not
+  decompress, COMPRESSED_VALUE for a strategy Venice does not have).
+- Chunking (``push.chunked``): a data key's ``02 00`` suffix is stripped (MALFORMED_RECORD without
+  it); a chunk (PUT, schemaId -10) is skipped VALUE_CHUNK, its key and bytes kept for its manifest;
+  a manifest (PUT, schemaId -20) comes out as outcome "manifest", finished by
+  ``assemble_manifest`` once its chunks are found (MISSING_CHUNKS when some are not in the dump).
+  Without chunking declared, a negative schemaId -> quarantined CHUNKED_VALUE. A chunk-cleanup
+  DELETE (schemaId -10) is skipped CHUNK_CLEANUP whatever is declared: it is never a user delete.
+- A leadership stamp (START_OF_SEGMENT under ``KafkaKey.DOL_STAMP``) is skipped with control_message
+  DOL_STAMP. Unparseable bytes -> MALFORMED_RECORD.
 
 ``encode_record`` returns ``KafkaRecord(key, value, timestamp_ms)``: the Kafka timestamp is
 needed to carry a heartbeat's applied time. Like a leader, it writes logicalTimestamp -2 on data
