@@ -258,3 +258,18 @@ def test_push_settings_file_is_parsed_strictly(tmp_path):
         (tmp_path / "bad.json").write_text(bad)
         with pytest.raises(InvalidSetting, match="Venice push settings"):
             parse_push_settings(str(tmp_path / "bad.json"))
+
+
+def test_push_settings_reach_the_landing_resource_from_its_field_or_the_environment(tmp_path, monkeypatch):
+    """Catches REPLICA_LENS_VENICE_PUSH_SETTINGS (or the resource's field, which wins) not reaching the ingestion."""
+    from pipelines.venice_values import GZIP, NO_OP, PushSettings
+    from resources.landing import LandingZone
+    from resources.push_settings import PUSH_SETTINGS_ENV
+
+    (tmp_path / "env.json").write_text('{"a_v1": {"compression": "GZIP"}}')
+    (tmp_path / "field.json").write_text('{"a_v1": {"compression": "NO_OP", "chunked": true}}')
+    assert LandingZone(root="landing").push_settings() == {}
+    monkeypatch.setenv(PUSH_SETTINGS_ENV, str(tmp_path / "env.json"))
+    assert LandingZone(root="landing").push_settings() == {"a_v1": PushSettings(False, GZIP)}
+    field = LandingZone(root="landing", venice_push_settings=str(tmp_path / "field.json"))
+    assert field.push_settings() == {"a_v1": PushSettings(True, NO_OP)}
