@@ -106,14 +106,21 @@ def _as_venice(cells: dict, chunk_above: int | None = None) -> dict:
     return cells
 
 
-def _rows(spark, store: DeltaStore, table: str, snapshot_id: str) -> Counter:
+def _rows(spark, store: DeltaStore, table: str, snapshot_id: str, chunk_above: int | None = None,
+          position_map: dict | None = None) -> Counter:
+    """A table's rows of one snapshot as a multiset; the SPEC snapshot's spelled as Venice records
+    (``_as_venice``), another's positions mapped to the SPEC snapshot's (``position_map``, when given)."""
     frame = store.read_snapshot(spark, table, snapshot_id, struct_for(table))
     columns = [c for c in frame.columns if c not in IGNORED]
     rows = Counter()
     for row in frame.select(*columns).collect():
         cells = row.asDict(recursive=True)
         if snapshot_id == "spec":
-            _as_venice(cells)
+            _as_venice(cells, chunk_above)
+        elif position_map is not None:
+            for column, replica in POSITIONS.items():
+                if cells.get(column) is not None:
+                    cells[column] = position_map[(cells[replica], cells["topic"], cells["partition"])][cells[column]]
         rows[tuple(sorted((k, plain(v)) for k, v in cells.items()))] += 1
     return rows
 
@@ -200,22 +207,6 @@ def position_map(spark, audited) -> dict:
     return mapping
 
 
-def _production_rows(spark, store: DeltaStore, table: str, snapshot_id: str, position_map: dict) -> Counter:
-    frame = store.read_snapshot(spark, table, snapshot_id, struct_for(table))
-    columns = [c for c in frame.columns if c not in IGNORED]
-    rows = Counter()
-    for row in frame.select(*columns).collect():
-        cells = row.asDict(recursive=True)
-        if snapshot_id == "spec":
-            _as_venice(cells, CHUNK_ABOVE)
-        else:
-            for column, replica in POSITIONS.items():
-                if cells.get(column) is not None:
-                    cells[column] = position_map[(cells[replica], cells["topic"], cells["partition"])][cells[column]]
-        rows[tuple(sorted((k, plain(v)) for k, v in cells.items()))] += 1
-    return rows
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("table", PRODUCTION_COMPARED)
 def test_compressed_chunked_records_audit_like_the_spec_rows(spark, audited, position_map, table):
@@ -225,8 +216,8 @@ def test_compressed_chunked_records_audit_like_the_spec_rows(spark, audited, pos
     chunk-cleanup DELETEs taken for user deletes (false MISSING verdicts: the chunk keys hold each region's
     producer GUID), chunking suffixes left on keys, and chunk or control-message positions taken for gaps
     (gap columns and bounds differ)."""
-    spec = _production_rows(spark, audited, table, "spec", position_map)
-    production = _production_rows(spark, audited, table, "production", position_map)
+    spec = _rows(spark, audited, table, "spec", CHUNK_ABOVE)
+    production = _rows(spark, audited, table, "production", position_map=position_map)
     assert spec, f"{table} is empty: the comparison would prove nothing"
     assert production == spec, (f"{table}: only in SPEC {list((spec - production).items())[:2]}, "
                                 f"only in production {list((production - spec).items())[:2]}")
