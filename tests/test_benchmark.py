@@ -8,7 +8,7 @@ figures fit inside the run. Timings are never compared with a threshold (they be
 benchmark itself): only with each other.
 
 To extend: a new field of the report goes into the *_FIELDS sets below (the tests ask for a
-subset, so fields added to replica_lens/benchmark.py do not break them), and gets an assertion
+subset, so fields added to replica_lens/benchmark/ do not break them), and gets an assertion
 that says how it must relate to the others.
 """
 from __future__ import annotations
