@@ -1,10 +1,11 @@
 """Bounded state: a divergence step reads only the predecessor state it continues, and retention drops the rest.
 
 A chain of four dumps of the same streams (S1 from START_OF_PUSH, S2 and S3 mid-stream,
-S4 re-reading S3's last offsets) is audited in sequence twice from a Delta warehouse, as
-the divergence asset reads it (``assets.divergence``): without retention and with
-``state_retention = 2``. Both are compared with the full-union path (every earlier
-snapshot's state handed to ``prior_state``, as before the state was bounded).
+S4 re-reading S3's last offsets) is audited in sequence from a Delta warehouse, as the
+divergence asset reads it (``assets.divergence``), with ``state_retention = 2``, and compared
+with the full-union path (every earlier snapshot's state handed to ``prior_state``, as before
+the state was bounded). Retention drops a state only after the next step has read, so at S3
+and S4 two states are there to choose from: the pruned read is tested on the same chain.
 """
 from __future__ import annotations
 
@@ -101,16 +102,14 @@ def audit_from_store(spark, store: DeltaStore, rows: list[dict], snapshot_id: st
 
 @dataclass
 class Chains:
-    unbounded: dict[str, Step]  # no retention
     bounded: dict[str, Step]  # state_retention = 2
-    unbounded_store: DeltaStore
     bounded_store: DeltaStore
-    reaudited: Step  # S4 audited again after the bounded chain
+    reaudited: Step  # S4 audited again after the chain
 
 
 @pytest.fixture(scope="module")
 def chains(spark, dumps, tmp_path_factory) -> Chains:
-    """The chain audited from a warehouse without and with retention; every ``DeltaStore.read_snapshot`` is spied."""
+    """The chain audited from a warehouse with retention 2; every ``DeltaStore.read_snapshot`` is spied."""
     calls: list[tuple[str, str]] = []
     original = DeltaStore.read_snapshot
 
@@ -120,13 +119,10 @@ def chains(spark, dumps, tmp_path_factory) -> Chains:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DeltaStore, "read_snapshot", spied)
-        out = {}
-        for keep in (None, 2):
-            store = DeltaStore(warehouse_root=str(tmp_path_factory.mktemp("warehouse")))
-            out[keep] = store, {sid: audit_from_store(spark, store, rows, sid, keep, calls)
-                                for sid, rows in zip(CHAIN, dumps)}
-        reaudited = audit_from_store(spark, out[2][0], dumps[3], "s4", 2, calls)
-    return Chains(out[None][1], out[2][1], out[None][0], out[2][0], reaudited)
+        store = DeltaStore(warehouse_root=str(tmp_path_factory.mktemp("warehouse")))
+        steps = {sid: audit_from_store(spark, store, rows, sid, 2, calls) for sid, rows in zip(CHAIN, dumps)}
+        reaudited = audit_from_store(spark, store, dumps[3], "s4", 2, calls)
+    return Chains(steps, store, reaudited)
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +144,7 @@ def snapshot_of(path: str) -> str:
 def test_a_step_reads_only_the_state_partition_of_the_predecessor_it_continues(spark, dumps, chains):
     """Catches: the divergence step reading every snapshot's VERSION rows (one union branch per snapshot, joined
     with the chosen predecessors afterwards), so that its cost grows with the number of snapshots audited."""
-    store, steps = chains.unbounded_store, chains.unbounded
-    assert store.snapshot_ids(STATE) == list(CHAIN)
+    store, steps = chains.bounded_store, chains.bounded
     for previous, sid in zip(CHAIN, CHAIN[1:]):
         step = steps[sid]
         assert step.prior.previous_snapshot_ids == [previous], sid
@@ -159,7 +154,7 @@ def test_a_step_reads_only_the_state_partition_of_the_predecessor_it_continues(s
         assert [s for t, s in step.read_snapshots if t == STATE] == [previous], sid
     assert steps["s1"].prior.links == [] and steps["s1"].versions_files == []
     assert [s for t, s in steps["s1"].read_snapshots if t == STATE] == []
-    # The same rows as the full-union read of every snapshot's state.
+    # The same rows as the full-union read of every state kept (S3's and S4's).
     unpruned = prior_state(read_stage(spark, store, STATE, None), stage(spark, dumps[3], "s4")[1], "s4",
                            read_stage(spark, store, "raw_topic_snapshots", None))
     assert unpruned.links == steps["s4"].prior.links
@@ -167,22 +162,16 @@ def test_a_step_reads_only_the_state_partition_of_the_predecessor_it_continues(s
     assert canonical(unpruned.context) == canonical(steps["s4"].prior.context)
 
 
-def test_pruned_reads_give_the_verdicts_of_the_full_union_path_over_a_multi_snapshot_history(chains, full_union):
+def test_pruned_reads_and_retention_give_the_verdicts_of_the_full_union_path(chains, full_union):
     """Catches: a pruned read that picks another predecessor than the predecessor rule over every snapshot's
-    state, or loses carried versions or contexts (the reports of S2..S4 would differ)."""
-    steps = chains.unbounded
+    state, or loses carried versions or contexts; retention that drops the newest state or the one just
+    written (S3 or S4 would start fresh): the reports of S2..S4 would differ. Also retention that keeps every
+    state (replica_state grows with every snapshot), or misreports what it did."""
+    store, steps = chains.bounded_store, chains.bounded
     for sid in CHAIN:
         assert (steps[sid].reports, steps[sid].summary) == full_union[sid], sid
     assert steps["s4"].prior.links and all(link["overlap"] for link in steps["s4"].prior.links)
     assert any("'verdict': 'DIVERGENT'" in r or "'verdict': 'MISSING'" in r for r in steps["s4"].reports)
-
-
-def test_retention_drops_old_states_and_later_snapshots_still_continue_with_the_same_reports(chains, full_union):
-    """Catches: retention that drops the newest state or the one just written (S3 or S4 would start fresh, with
-    other reports), keeps every state (replica_state grows with every snapshot), or misreports what it did."""
-    store, steps = chains.bounded_store, chains.bounded
-    for sid in CHAIN:
-        assert (steps[sid].reports, steps[sid].summary) == full_union[sid], sid
     assert [steps[sid].retention["states_dropped"] for sid in CHAIN] == [0, 0, 1, 1]
     assert [steps[sid].retention["states_kept"] for sid in CHAIN] == [1, 2, 2, 2]
     assert steps["s3"].dropped == ["s1"] and steps["s4"].dropped == ["s2"]

@@ -16,6 +16,23 @@ from replica_lens.benchmark.variants import VARIANTS, _writes_for_rows, scaling_
 from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
 
 
+def variant_config(variant: str, rows: int):
+    """The SimulationConfig of a variant's snapshot for ``--rows`` rows (3 regions, 4 partitions, JSONL)."""
+    from replica_lens.simulator import SimulationConfig
+
+    spec = VARIANTS[variant]
+    return SimulationConfig(
+        seed=11,
+        regions=3,
+        partitions=4,
+        keys=spec.keys,
+        writes=_writes_for_rows(spec.rows or rows * spec.scale, regions=3),
+        hot_key_fraction=spec.hot_key_fraction,
+        hot_write_share=0.5,
+        file_format="jsonl",
+    )
+
+
 def benchmark(
     rows: int = 2_000_000,
     variants: tuple[str, ...] = ("uniform", "hot"),
@@ -33,7 +50,6 @@ def benchmark(
     ``in_process_audits`` is how many times each variant is audited in this process's JVM: the
     first gives the per-step figures, each later one its seconds and CPU (``repeated_audits``).
     """
-    from replica_lens.simulator import SimulationConfig
     from resources.errors import InvalidSetting
     from resources.session import STATUS_RETENTION, build_spark_session
 
@@ -55,16 +71,7 @@ def benchmark(
         for variant in variants:
             spec = VARIANTS[variant]
             size = spec.rows or rows * spec.scale
-            config = SimulationConfig(
-                seed=11,
-                regions=3,
-                partitions=4,
-                keys=spec.keys,
-                writes=_writes_for_rows(size, regions=3),
-                hot_key_fraction=spec.hot_key_fraction,
-                hot_write_share=0.5,
-                file_format="jsonl",
-            )
+            config = variant_config(variant, rows)
             results.append(
                 run_variant(variant, base, config, spark, settings, sampler, process_runs=process_runs, requested_rows=size,
                             keep=keep, in_process_audits=in_process_audits, bad_lines_per_file=spec.bad_lines_per_file)
