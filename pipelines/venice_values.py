@@ -104,7 +104,15 @@ def decompress(settings: PushSettings, data: bytes) -> bytes:
     raise UnsupportedCompression(f"compression strategy {strategy}")
 
 
-_ZSTD: dict[bytes | None, object] = {}
+class _PerProcess(dict):
+    """A cache that starts empty in every process: Spark ships this module to the executors by value
+    (pipelines/venice_frame.py), and a decompressor, a C object, cannot be pickled with it."""
+
+    def __reduce__(self):
+        return (_PerProcess, ())
+
+
+_ZSTD: dict[bytes | None, object] = _PerProcess()  # dictionary -> its decompressor, made once per process
 
 
 def _zstd_decompressor(dictionary: bytes | None):

@@ -191,3 +191,20 @@ def test_leadership_stamp_is_recognized_by_its_key():
     assert dec(key, record.value, PushSettings())["row"]["control_message"] == "DOL_STAMP"
     other = venice.encode_control_message(2)
     assert dec(other.key, other.value, PushSettings())["row"]["control_message"] == "START_OF_SEGMENT"
+
+
+def test_the_decoder_ships_to_the_executors_after_the_driver_decompressed():
+    """Spark pickles pipelines/venice.py and venice_values.py by value. Catches a decompressor cached at module
+    level (a C object) making every later decoding job fail to serialize once the driver has decompressed a
+    zstd value (as a test, the simulator or a notebook in the same process does)."""
+    from pyspark import cloudpickle
+
+    import pipelines.venice_frame  # noqa: F401 - registers the modules to be pickled by value
+    from pipelines import venice_values
+
+    dictionary = zstandard.train_dictionary(512, [bytes([i % 256, i // 256]) + b"abc" * 9 for i in range(300)]).as_bytes()
+    settings = PushSettings(False, ZSTD_WITH_DICT, dictionary)
+    assert venice_values.decompress(settings, venice_values.compress(settings, VALUE)) == VALUE
+    assert venice_values._ZSTD  # noqa: SLF001 - the cache is filled here
+    shipped = cloudpickle.loads(cloudpickle.dumps(venice.decode_record))
+    assert shipped.__globals__["values"]._ZSTD == {}  # noqa: SLF001 - and starts empty where it lands
