@@ -5,10 +5,10 @@ import dagster as dg
 
 from assets.partitions import snapshot_partitions
 from assets.tables import StepTables, schema_check_spec
-from pipelines.ingest import (
+from pipelines.accounting import accounting_from_tables
+from pipelines.judging import judge_rows
+from pipelines.reading import (
     VeniceSettings,
-    accounting_from_tables,
-    judge_rows,
     list_snapshot_files,
     read_skipped_positions,
     read_snapshot_lines,

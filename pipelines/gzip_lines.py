@@ -1,10 +1,10 @@
-"""The rows of one gzip JSONL file, read in Spark's Python workers (``pipelines/ingest.py``).
+"""The rows of one gzip JSONL file, read in Spark's Python workers (``pipelines/reading.py``).
 
 ``gzip_file_batches`` streams a file through zlib (concatenated gzip members are one
 stream) and yields Arrow record batches of ``(source_file, raw, read_error)``: every
 complete non-blank line as its bytes, in order, and, when the stream breaks part-way
 (truncated, corrupt, trailing garbage), one last row with ``raw`` null and ``read_error``
-saying where it broke and what is lost. Lines follow the rule of ``pipelines/ingest.py``'s
+saying where it broke and what is lost. Lines follow the rule of ``pipelines/reading.py``'s
 docstring (LF ends a line, a CR before it is cut off, a UTF-8 BOM opening the file is
 dropped, a line of ASCII whitespace only is blank), the rule Spark's text reader applies to
 plain ``*.jsonl`` files there. Line bytes are kept as they are, invalid UTF-8 included, as

@@ -3,7 +3,7 @@
 ``replica-lens dump-kafka`` reads each region's version topics with Spark's Kafka source
 (``spark.read.format("kafka")``, a batch read between two offset specifications) and lands
 them as Parquet with the Kafka source's columns plus ``region``: exactly the files ingestion
-recognizes as raw Venice records (``pipelines/ingest.py``, ``is_venice_schema``) and decodes
+recognizes as raw Venice records (``pipelines/reading.py``, ``is_venice_schema``) and decodes
 with the same decoder (``pipelines/venice_frame.py``). ``replica-lens audit`` then audits the
 snapshot like any other.
 

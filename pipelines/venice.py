@@ -1,7 +1,7 @@
 """Venice version-topic records on the wire -> SPEC 1 rows (issue 18, foundation).
 
-Pure functions; nothing here is wired into ingestion yet (pipelines/ingest.py does not read
-Kafka-source Parquet files).
+Pure functions; ingestion reaches them through pipelines/venice_frame.py, which decodes the
+Kafka-source Parquet files that pipelines/reading.py finds on the executors.
 
 Wire format (verified in linkedin/venice at 77ea837f, files under internal/venice-common/src/main/):
 

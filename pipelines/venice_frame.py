@@ -7,7 +7,7 @@ message's type name); one output row per input row. replica/topic/partition/offs
 Kafka record's whatever the outcome.
 An unknown upstream cluster id fails the job (UnknownClusterId, naming the ids).
 
-``venice_lines`` is what ingestion uses (pipelines/ingest.py): the decoded records as the
+``venice_lines`` is what ingestion uses (pipelines/reading.py): the decoded records as the
 text rows every other format becomes, ``(source_file, raw, read_error, decoded_reason)``. A
 decoded row's ``raw`` is its SPEC 1 message as JSON, so it is judged (types, required fields,
 conflicting positions, duplicates) exactly like a JSONL line; a record the decoder skipped or

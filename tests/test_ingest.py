@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-import pipelines.ingest as ingest_module
+import pipelines.judging as judging_module
 from pipelines.frames import observed
 from pipelines.ingest import (
     LINES_SCHEMA,
@@ -381,7 +381,7 @@ def test_judging_the_lines_of_quarantined_buckets_alone_quarantines_the_same_row
     (each line still parsed); a row with a problem of its own sharing a window with the good row at its position
     (which then looks like a conflict).
     """
-    monkeypatch.setattr(ingest_module, "LINE_BUCKETS", 16)
+    monkeypatch.setattr(judging_module, "LINE_BUCKETS", 16)
     rows = [put(o, key=f"k{o}", value=f"v{o}") for o in range(1, 40)]
     rows += [put(5, key="k5", value="v5")] * 2  # exact copies of an accepted row
     rows += [put(50, key="c", value="one"), put(50, key="c", value="two"), put(50, key="c", value="one")]

@@ -2,7 +2,7 @@
 accepted (by ``copies``) or quarantined, and what is accepted fits the model.
 
 The expected row count is computed here from the bytes written, by the rule of
-pipelines/ingest.py's docstring: a JSONL line ends at LF (a CR before it belongs to the
+pipelines/reading.py's docstring: a JSONL line ends at LF (a CR before it belongs to the
 CRLF ending), a UTF-8 BOM opening a file is dropped, and a line of only ASCII whitespace is
 blank; every other line is a row. A Parquet row is a row; an unreadable file, or the
 unreadable rest of a broken gzip file, is one row.

@@ -1,0 +1,568 @@
+"""Judging read lines against SPEC section 1: accepted rows, quarantined rows, and what the accepted pass saw.
+
+``judge_rows`` (``validate_rows`` for the two frames alone) judges the text rows of
+``pipelines.reading`` (``LINES_SCHEMA``) whatever file format they came from: one validation
+path for every format, so a Parquet column whose type differs from SPEC 1 (an offset stored
+as a string, a float partition) shows up as BAD_TYPE on each row, exactly as the same JSON
+line would. It gives a ``Judgement``: the accepted rows (RawTopicSnapshots), the quarantined
+rows (RawTopicQuarantine, each with its reason and detail), and the observations of the
+accepted pass that tell the quarantine which parts and lines to judge again
+(``bitmap_buckets``, ``LINE_BUCKETS``).
+
+Raw Venice records (decoded by the reading, ``decoded_reason``): one the decoder quarantines
+carries its reason (``decoded_reason``) into the quarantine; one it skips by rule
+(``schemas.raw.SKIP_REASONS``) is dropped before judging and counted by an observation of the
+accepted pass (``Judgement.skipped_by_reason``); its position is read again by
+``pipelines.reading.read_skipped_positions``.
+
+A quarantined row keeps the position it names (``replica``, ``topic``, ``partition``,
+``offset`` of RawTopicQuarantine, each when it has the field's JSON type; ``RAW_POSITION``):
+a position lost to the quarantine, a gap of one position (``quarantined_positions`` of
+``pipelines.accounting``).
+
+Known limits: Spark's JSON parser ignores text after the closing ``]`` of an enclosing
+array, so a line ``{...}] tail`` is accepted with its tail ignored (``{...}{...}``,
+``{...}, {...}`` and ``{...} tail`` are all MALFORMED_JSON); a JSON object with a repeated
+field name keeps the last value (as Spark and Python's json do).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+from typing import Callable
+
+from pyspark.sql import Column, DataFrame, Observation, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipelines.frames import observed
+from pipelines.venice_frame import REASON_DETAIL
+from schemas.conform import conform, local_frame
+from schemas.raw import (
+    SKIP_REASONS,
+    FORBIDDEN_BY_KIND,
+    KINDS,
+    MESSAGE_FIELDS,
+    NON_NEGATIVE,
+    REQUIRED_ALWAYS,
+    REQUIRED_BY_KIND,
+    RawTopicQuarantine,
+    RawTopicSnapshots,
+)
+
+# Spark's JSON parser is lenient by default; a message is strict JSON.
+_JSON_OPTIONS = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false", "allowComments": "false"}
+_STRING_FIELDS = tuple(name for name, t in MESSAGE_FIELDS.items() if isinstance(t, T.StringType))
+_MESSAGE_STRUCT = T.StructType([T.StructField(name, t) for name, t in MESSAGE_FIELDS.items()])
+_FIELD_MAP = T.MapType(T.StringType(), T.VariantType())
+
+
+def _present(name: str) -> Column:
+    return F.col(f"present_{name}")
+
+
+def _bad_type(name: str) -> Column:
+    return F.col(f"bad_type_{name}")
+
+
+def _field_flags(fields: Column, typed: Column) -> list[Column]:
+    """Per field, once per row: is it there (not null), and does its JSON token not fit its type.
+
+    ``fields`` is the line's map of every field to its JSON token (a variant). A JSON null is
+    the same as an absent field. The map is only looked up here, never rebuilt or iterated:
+    Spark evaluates map functions with lambdas (``map_filter``, ``exists``) without code
+    generation, reading every entry through a path that is costly per element (it looked up
+    the session configuration per entry in a profile of 2M rows), while a lookup by key is
+    generated code.
+    """
+    flags = []
+    for name, data_type in MESSAGE_FIELDS.items():
+        token = fields[name]  # null when absent
+        present = token.isNotNull() & ~F.is_variant_null(token)
+        # A string field parses from any JSON token (an object becomes its text), so its
+        # token type is read on the variant; a number or map field is null in the typed
+        # parse when its token does not fit (a string "5", 5.0, an overflow, a non-integer
+        # or null component).
+        if name in _STRING_FIELDS:
+            wrong = F.schema_of_variant(fields[name]) != F.lit("STRING")
+        elif isinstance(data_type, T.MapType):
+            wrong = typed[name].isNull() | F.exists(F.map_values(typed[name]), lambda v: v.isNull())
+        else:
+            wrong = typed[name].isNull()
+        flags.append(present.alias(f"present_{name}"))
+        flags.append((present & F.coalesce(wrong, F.lit(True))).alias(f"bad_type_{name}"))
+    return flags
+
+
+def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, tuple[Column, Column]]:
+    """Per reason: whether a row has a problem of that kind, and the text listing them.
+
+    The text is a ``concat_ws`` of one piece per possible problem; the caller builds it only
+    for rows whose flag is set (``F.when(flag, text)``), so the great majority of rows, which
+    have no problem, never assemble five empty strings (docs/performance.md, the levers table).
+    """
+
+    def kinds_with(table: dict[str, tuple[str, ...]], name: str) -> Column:
+        kinds = [k for k, names in table.items() if name in names]
+        return F.coalesce(kind.isin(kinds), F.lit(False)) if kinds else F.lit(False)
+
+    def required(name: str) -> Column:
+        return F.lit(True) if name in REQUIRED_ALWAYS else kinds_with(REQUIRED_BY_KIND, name)
+
+    def negative(name: str) -> Column:
+        if isinstance(MESSAGE_FIELDS[name], T.MapType):
+            return F.coalesce(F.exists(F.map_values(typed[name]), lambda v: v < 0), F.lit(False))
+        return F.coalesce(typed[name] < 0, F.lit(False))
+
+    vectors = [n for n, t in MESSAGE_FIELDS.items() if isinstance(t, T.MapType)]
+    # (condition, text when it holds) per possible problem.
+    problems = {
+        "MISSING_FIELD": [(required(n) & ~_present(n), F.lit(n)) for n in MESSAGE_FIELDS],
+        "BAD_TYPE": [
+            (
+                _bad_type(n),
+                F.concat(
+                    F.lit(f"{n} ("),
+                    F.schema_of_variant(fields[n]),
+                    F.lit(f", expected {MESSAGE_FIELDS[n].simpleString()})"),
+                ),
+            )
+            for n in MESSAGE_FIELDS
+        ],
+        "UNKNOWN_KIND": [
+            (~kind.isin(list(KINDS)), F.concat(F.lit("kind '"), kind, F.lit(f"' is not one of {', '.join(KINDS)}")))
+        ],
+        "NEGATIVE_VALUE": [
+            (negative(n), F.concat(F.lit(f"{n} = "), F.to_json(fields[n]))) for n in (*NON_NEGATIVE, *vectors)
+        ],
+        "UNEXPECTED_FIELD": [
+            (kinds_with(FORBIDDEN_BY_KIND, n) & _present(n), F.concat(F.lit(f"{n} on a "), kind))
+            for n in MESSAGE_FIELDS
+            if any(n in names for names in FORBIDDEN_BY_KIND.values())
+        ],
+    }
+    return {
+        reason: (
+            reduce(Column.__or__, [F.coalesce(condition, F.lit(False)) for condition, _ in pieces]),
+            F.concat_ws(", ", *[F.when(condition, text) for condition, text in pieces]),
+        )
+        for reason, pieces in problems.items()
+    }
+
+
+# The quarantine's position columns (RawTopicQuarantine) -> the checked rows' columns that hold them.
+RAW_POSITION = {"replica": "raw_replica", "topic": "raw_topic", "partition": "raw_partition", "offset": "raw_offset"}
+# A quarantined row's position: known when all four are there.
+QUARANTINE_POSITION = tuple(RAW_POSITION)
+
+
+def _raw_position(typed: Column) -> list[Column]:
+    """Each field of a row's position (``RAW_POSITION``) when the row has it with its JSON type and, for the
+    partition and the offset, not negative (it is then no position); null otherwise. Reads the flags of
+    ``_field_flags``."""
+    fields = []
+    for name, alias in RAW_POSITION.items():
+        known = _present(name) & ~_bad_type(name)
+        if name in NON_NEGATIVE:
+            known = known & (typed[name] >= 0)
+        fields.append(F.when(known, typed[name]).alias(alias))
+    return fields
+
+
+def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
+    """Every line parsed, with its first problem as ``reason`` (null when none) and all of them in ``detail``.
+
+    Built in steps (parse, per-field flags, problems, verdict) so that each is computed
+    once per row: one flat expression would repeat the shared parts dozens of times, and
+    Spark would spend more time compiling it than running it.
+    """
+    if "read_error" not in lines.columns:
+        lines = lines.withColumn("read_error", F.lit(None).cast(T.StringType()))
+    raw = F.col("raw")
+    # The line is parsed twice: typed, for values (a field that does not fit its type is
+    # null while the rest still parses), and as a map of variants, for which fields are
+    # there, with what JSON type, and the unknown ones. The map parse reads the line
+    # wrapped in [ ]: two objects on one line ("{..}{..}", "{..},{..}") or text after the
+    # object then fail or give two elements, instead of the rest being silently ignored.
+    wrapped = F.from_json(F.concat(F.lit("["), raw, F.lit("]")), T.ArrayType(_FIELD_MAP), _JSON_OPTIONS)
+    parsed = (
+        lines.select(
+            "source_file",
+            "raw",
+            "read_error",
+            "decoded_reason",
+            F.from_json(raw, _MESSAGE_STRUCT, _JSON_OPTIONS).alias("typed"),
+            wrapped.alias("wrapped"),
+        )
+        .select("*", F.when(F.size("wrapped") == 1, F.col("wrapped")[0]).alias("all_fields"))
+    )
+    fields, typed = F.col("all_fields"), F.col("typed")
+    # Whether the line names a field SPEC 1 does not have: it has more fields than known ones.
+    # A lookup is null only for an absent key (a JSON null is a variant null); the lookups
+    # are the ones _field_flags makes, so the generated code looks each field up once.
+    known_fields = sum(fields[name].isNotNull().cast(T.IntegerType()) for name in MESSAGE_FIELDS)
+    flagged = (
+        parsed.select(
+            "source_file",
+            "raw",
+            "read_error",
+            "decoded_reason",
+            "typed",
+            "all_fields",
+            *_field_flags(fields, typed),
+            (F.size(fields) > known_fields).alias("has_extra_fields"),
+        )
+        # The kind, when it is a JSON string: what decides the fields a row needs.
+        .select("*", F.when(_present("kind") & ~_bad_type("kind"), typed["kind"]).alias("kind_text"))
+    )
+    listed = _problem_lists(fields, typed, F.col("kind_text"))
+    with_problems = flagged.select(
+        "source_file",
+        "raw",
+        "read_error",
+        "decoded_reason",
+        "typed",
+        "all_fields",
+        "has_extra_fields",
+        *_raw_position(typed),
+        # Null when the row has no problem of that kind.
+        *[F.when(has, text).alias(f"problems_{code}") for code, (has, text) in listed.items()],
+    )
+
+    unreadable = F.col("read_error").isNotNull()
+    malformed = F.col("all_fields").isNull()
+    # A raw Venice record the decoder quarantined: its reason first (raw is then the Kafka record).
+    decoded = F.col("decoded_reason").isNotNull()
+    reason = (
+        F.when(decoded, F.col("decoded_reason"))
+        .when(unreadable, F.lit("UNREADABLE_FILE"))
+        .when(malformed, F.lit("MALFORMED_JSON"))
+    )
+    for code in listed:
+        reason = reason.when(F.col(f"problems_{code}").isNotNull(), F.lit(code))
+    found = [
+        F.when(F.col(f"problems_{code}").isNotNull(), F.concat(F.lit(code + ": "), F.col(f"problems_{code}")))
+        for code in listed
+    ]
+    decoded_detail = F.create_map(*[F.lit(x) for kv in REASON_DETAIL.items() for x in kv])[F.col("decoded_reason")]
+    detail = (
+        F.when(decoded, F.coalesce(decoded_detail, F.col("decoded_reason")))
+        .when(unreadable, F.col("read_error"))
+        .when(malformed, F.lit("not a single JSON object (invalid JSON, another JSON value, or several on one line)"))
+        .otherwise(F.concat_ws("; ", *found))
+    )
+    # Built only for the (rare) lines that have extra fields: map_filter is not generated code.
+    extras = F.map_filter(F.col("all_fields"), lambda k, _v: ~k.isin(list(MESSAGE_FIELDS)))
+    return with_problems.select(
+        F.lit(snapshot_id).alias("snapshot_id"),
+        "source_file",
+        "raw",
+        *[typed[name].alias(name) for name in MESSAGE_FIELDS],
+        F.when(F.col("has_extra_fields"), F.transform_values(extras, lambda _k, v: F.to_json(v))).alias("extra_fields"),
+        *RAW_POSITION.values(),
+        reason.alias("reason"),
+        detail.alias("detail"),
+    )
+
+
+# The accepted pass tells the quarantine's pass which lines it quarantines as buckets of their
+# hash, the bits of one bitmap (Spark's bitmap_construct_agg: 32,768 bits, 4 KiB, whatever the
+# number of rows quarantined). Above half the buckets, the quarantine's pass judges every line.
+LINE_BUCKETS = 32768
+
+
+def _line_bucket_sql() -> str:
+    """The bucket (0 to LINE_BUCKETS - 1) of a line: a hash of its file and text, known before it is parsed."""
+    return f"pmod(xxhash64(source_file, raw), {LINE_BUCKETS})"
+
+
+def _bucket_bitmap(where: Column) -> Column:
+    """An aggregate: the bitmap of the ``line_bucket`` column's values on the rows ``where`` holds."""
+    # bitmap_bit_position(n) is n - 1 for n in 1..LINE_BUCKETS; a null sets no bit.
+    return F.bitmap_construct_agg(F.bitmap_bit_position(F.when(where, F.col("line_bucket") + 1)))
+
+
+def bitmap_buckets(*bitmaps: bytes | None) -> list[int]:
+    """The buckets set in any of the bitmaps (``_bucket_bitmap``, read from an observation), in order."""
+    return sorted({i for bitmap in bitmaps for i in range(len(bitmap or b"") * 8) if bitmap[i // 8] >> (i % 8) & 1})
+
+
+def _sorted_entries(column: str) -> Column:
+    # Maps cannot be compared or grouped on; their sorted entries can.
+    return F.array_sort(F.map_entries(F.col(column)))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A snapshot's lines judged: the accepted rows, the quarantined rows, and what the accepted pass saw.
+
+    ``accepted`` carries two observations (``DataFrame.observe``): the rows that had a
+    problem of their own, and the candidates that sat at a conflicting position, each
+    counted and as a bitmap of their lines' buckets (a hash of file and text, ``LINE_BUCKETS``
+    of them; a fixed 4 KiB whatever the count). Both are filled by the job that computes the
+    accepted rows, so once it has run, ``quarantine()`` knows whether the quarantine is
+    empty: then it is, at no cost. Else it reads the lines again and judges only those in
+    the bitmaps' buckets (a hash of the text, no parse, for the others), with only the
+    parts the counts call for: the rows with a problem of their own when there are any, the
+    conflicting positions (an exchange and sort of those lines by position, each carrying
+    its text) only when there are any: a small part of judging every line again
+    (docs/performance.md, ``dirty``).
+
+    Judging a subset of the lines quarantines the same rows. Every quarantined line is in
+    its bucket. A row's own problems are its own. Every candidate at a conflicting position
+    is quarantined, so all of them are there to be compared again; the candidates of other
+    positions that share a bucket are a part of their position's rows, which all have one
+    content, and a part of them cannot disagree either.
+
+    When no line reaches the exchange by position (every line quarantined or skipped by rule),
+    Spark drops these observations from the plan it ran (``pipelines.frames.observed``): then
+    the quarantine judges every line for both parts, and the skipped rows are counted by a
+    query of their own. Reading the missing counts as none would lose every row of such a snapshot.
+
+    The ``quarantined`` frame judges every line, for callers that ask before the accepted
+    rows are computed. Either plan is built only when it is asked for: building and
+    analysing it costs the driver noticeable time in a fresh JVM.
+    """
+
+    accepted: DataFrame
+    # (own problems, conflicting positions, the quarantined lines' buckets or None for all) -> quarantine
+    build_quarantined: Callable[[bool, bool, "list[int] | None"], DataFrame]
+    own_problems: Observation
+    conflicts: Observation
+    skipped: Observation | None = None  # raw Venice records skipped by rule, per SKIP_REASONS
+    count_skipped: Callable[[], dict[str, int]] = dict  # the same, counted by a query of its own
+
+    def skipped_by_reason(self) -> dict[str, int]:
+        """Rows skipped by rule, per reason (only those seen); call it after ``accepted`` has been computed."""
+        if self.skipped is None:
+            return {}
+        counts = observed(self.skipped)
+        if counts is None:  # Spark dropped the observation (no row was accepted): count the lines again
+            counts = self.count_skipped()
+        return {r: int(n) for r, n in sorted(counts.items()) if int(n or 0) > 0}
+
+    @property
+    def quarantined(self) -> DataFrame:
+        """Every quarantined row, whatever the accepted pass counted (it need not have run)."""
+        return self.build_quarantined(True, True, None)
+
+    def quarantined_buckets(self) -> list[int] | None:
+        """The buckets (``line_bucket``) of the lines the accepted pass quarantined; None if Spark dropped its count."""
+        own, conflicts = observed(self.own_problems), observed(self.conflicts)
+        if own is None or conflicts is None:
+            return None
+        return bitmap_buckets(own.get("lines"), conflicts.get("lines"))
+
+    def _parts(self) -> tuple[bool, bool, list[int] | None]:
+        """What the quarantine holds, from the accepted pass: rows with problems of their own, rows at conflicting
+        positions, and the buckets of their lines (None: judge every line).
+
+        Spark drops the observations when no row of the snapshot reaches the exchange by position
+        (``pipelines.frames.observed``), every line quarantined for instance: then the quarantine
+        may hold both parts, and every line is judged again.
+        """
+        own, conflicts = observed(self.own_problems), observed(self.conflicts)
+        if own is None or conflicts is None:
+            return True, True, None
+        buckets = bitmap_buckets(own.get("lines"), conflicts.get("lines"))
+        # When most buckets hold a quarantined line, the filter would keep most lines: judge them all.
+        return (
+            int(own.get("rows") or 0) > 0,
+            int(conflicts.get("rows") or 0) > 0,
+            buckets if len(buckets) <= LINE_BUCKETS // 2 else None,
+        )
+
+    def quarantine_is_empty(self) -> bool:
+        """Whether no row was quarantined; call it after ``accepted`` has been computed (its observations are read)."""
+        own, conflicting, _ = self._parts()
+        return not (own or conflicting)
+
+    def quarantine(self) -> DataFrame:
+        """The quarantined rows; call it after ``accepted`` has been computed (its observations are read)."""
+        own, conflicting, buckets = self._parts()
+        if not own and not conflicting:
+            return local_frame(self.accepted.sparkSession, [], RawTopicQuarantine.to_structtype())
+        return self.build_quarantined(own, conflicting, buckets)
+
+
+def validate_rows(lines: DataFrame, snapshot_id: str) -> tuple[DataFrame, DataFrame]:
+    """Split read lines into (accepted, quarantined), shaped like RawTopicSnapshots and RawTopicQuarantine."""
+    judgement = judge_rows(lines, snapshot_id)
+    return judgement.accepted, judgement.quarantined
+
+
+def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
+    """Judge read lines: accepted and quarantined rows (RawTopicSnapshots, RawTopicQuarantine shapes).
+
+    Rows without a problem of their own are candidates. Candidates at one (replica, topic,
+    partition, offset) whose content differs are all CONFLICTING_POSITION: none can be
+    trusted over the others. The rest are accepted once per distinct content (every field
+    and the extra fields, so the position too; EXPORTER_POSITION rows, which have none,
+    collapse on their content alone), with ``copies`` counting the identical rows and
+    ``source_file`` the smallest file name among them.
+
+    The accepted rows take one pass: parse and judge every line, one exchange by position
+    and one sort by position and content, on which two windows run: per position (does it
+    hold more than one distinct content?) and per distinct content (how many copies, which
+    file first). Nothing is kept in between: the text of a line is needed only for the
+    quarantine, which is usually empty and then costs nothing (``Judgement.quarantine``).
+    """
+    if "decoded_reason" not in lines.columns:
+        lines = lines.withColumn("decoded_reason", F.lit(None).cast(T.StringType()))
+    # Raw Venice records skipped by rule are dropped here, counted by the accepted pass. The
+    # quarantine pass reads the lines without the observation (an Observation serves one job).
+    skip = F.coalesce(F.col("decoded_reason").isin(list(SKIP_REASONS)), F.lit(False))
+    skipped = Observation()
+    observed_lines = lines.observe(
+        skipped, *[F.count_if(F.col("decoded_reason") == F.lit(r)).alias(r) for r in SKIP_REASONS]
+    )
+
+    def judged_rows(frame: DataFrame, problems: Observation, positions: bool = False) -> DataFrame:
+        """The judged lines, with ``problems`` counting those that have a problem of their own.
+
+        ``positions``: with the rest of each row's position as the quarantine stores it (``RAW_POSITION``),
+        for the quarantine's pass only; the accepted pass does not carry them.
+
+        The observation is also what keeps every filter on ``reason`` above the judging. Spark
+        moves a filter below a projection by writing each column it names as that column's
+        expression, and does so projection after projection, so a filter on ``reason`` placed
+        right on these rows would end up below the parse, holding its own ``from_json`` for
+        every flag that the reason is made of: 988 parses of every line instead of 2. A filter
+        cannot move below an observation, which would then
+        count other rows, so each line is parsed and judged once and the filters come after.
+        """
+        checked = _checked_rows(frame.where(~skip), snapshot_id)
+        judged = checked.select(
+            *comparable,
+            "source_file",
+            "raw",
+            "raw_replica",
+            *([c for c in RAW_POSITION.values() if c != "raw_replica"] if positions else []),
+            "reason",
+            "detail",
+            F.expr(_line_bucket_sql()).alias("line_bucket"),
+        )
+        return judged.observe(problems, F.count_if(~candidate).alias("rows"), _bucket_bitmap(~candidate).alias("lines"))
+
+    content_names = ["snapshot_id", *MESSAGE_FIELDS, "extra_fields"]
+    maps = {n for n in content_names if n == "extra_fields" or isinstance(MESSAGE_FIELDS.get(n), T.MapType)}
+    comparable = [_sorted_entries(n).alias(n) if n in maps else F.col(n) for n in content_names]
+    candidate = F.col("reason").isNull()
+    own_problems = Observation()
+    conflicts = Observation()
+
+    # The position leads the content, so one sort by content and file serves both windows,
+    # and the exchange by position clusters each distinct content too. Maps take part as
+    # their sorted entries. The offset leads the sort, since the sort compares rows by a
+    # prefix of their first column first; snapshot_id, the same on every row, is left out.
+    position = ["offset", "replica", "topic", "partition"]
+    rest = [n for n in content_names if n not in position and n != "snapshot_id"]
+    at_position = Window.partitionBy(*position).orderBy(*rest, "source_file").rowsBetween(
+        Window.unboundedPreceding, Window.unboundedFollowing
+    )
+    same_content = Window.partitionBy(*position, *rest).orderBy("source_file")
+    content = F.struct(*[F.col(n) for n in rest])
+
+    def at_positions(rows: DataFrame, carried: tuple[str, ...] = (), window: Window = at_position) -> DataFrame:
+        """Every row, with whether its window (a position's candidates) holds more than one content, and its rows."""
+        return rows.select(
+            *content_names,
+            "source_file",
+            *carried,
+            # EXPORTER_POSITION rows have no offset: they never conflict, whatever they hold.
+            (
+                F.col("offset").isNotNull()
+                & ~F.first(content).over(window).eqNullSafe(F.last(content).over(window))
+            ).alias("conflicting"),
+            F.count(F.lit(1)).over(window).alias("rows_at_position"),
+        )
+
+    observed = judged_rows(observed_lines, own_problems)
+    # Every candidate's line bucket goes through the exchange (8 bytes a row), for the bitmap of the conflicting
+    # rows' lines; observed before the copies are collapsed, so that every conflicting line is in it.
+    compared = (
+        at_positions(observed.where(candidate), ("line_bucket",))
+        .select(
+            "*",
+            F.row_number().over(same_content.rowsBetween(Window.unboundedPreceding, Window.currentRow)).alias("nth"),
+            F.count(F.lit(1)).over(same_content.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing))
+            .alias("copies"),
+        )
+        .observe(
+            conflicts, F.count_if(F.col("conflicting")).alias("rows"), _bucket_bitmap(F.col("conflicting")).alias("lines")
+        )
+        .where(F.col("nth") == 1)
+    )
+    accepted_struct = RawTopicSnapshots.to_structtype()
+    # The first copy in file order carries the smallest file name.
+    accepted = conform(
+        compared.where(~F.col("conflicting")), accepted_struct, {name: F.map_from_entries(F.col(name)) for name in maps}
+    )
+
+    def build_quarantined(own: bool, conflicting: bool, buckets: list[int] | None) -> DataFrame:
+        """The quarantine, from one more read of the lines: the parts asked for, judging the lines in ``buckets`` only.
+
+        ``buckets`` None: every line is judged.
+
+        Built only here (planning it costs the driver time in a fresh JVM; most snapshots have no bad row). The
+        lines are judged again without the accepted pass's observations (an Observation serves one query).
+        """
+        # Only the lines in the buckets of quarantined lines are judged: a quarantined line is in one. Judged alone,
+        # they are judged the same, conflicts included: every candidate at a conflicting position is quarantined, so
+        # all of them are in, while the candidates of another position that come along cannot disagree among themselves.
+        # The buckets are one SQL text (a Column per bucket would be a round trip to the JVM each).
+        listed = ", ".join(map(str, buckets or ()))
+        in_buckets = lines if buckets is None else lines.where(f"{_line_bucket_sql()} IN ({listed})")
+        judged = judged_rows(in_buckets, Observation(), positions=True)
+        # Where the quarantined row stood, as far as it says (RawTopicQuarantine).
+        stood = [F.col(column).alias(name) for name, column in RAW_POSITION.items()]
+        quarantine_struct = RawTopicQuarantine.to_structtype()
+        wanted = []
+        if own:
+            wanted.append(~candidate)
+        if conflicting:
+            wanted.append(candidate)
+        rows = judged.where(reduce(Column.__or__, wanted))
+        if not conflicting:
+            return conform(
+                rows.select("snapshot_id", "source_file", *stood, "raw", "reason", "detail"),
+                quarantine_struct,
+            )
+        # Both parts from this one read: the rows with problems of their own go through the exchange by position
+        # too (usually few), in windows of their line's bucket (a malformed line has no position), so the candidates'
+        # windows (no bucket) hold candidates only. A row with a problem of its own keeps its own reason and detail
+        # whoever shares its window. Their text is carried through, never read again for a join.
+        own_line = F.when(~candidate, F.col("line_bucket"))
+        windowed = at_positions(
+            rows, ("raw", *RAW_POSITION.values(), "reason", "detail"), at_position.partitionBy(*position, own_line)
+        )
+        conflict_detail = F.format_string(
+            "%d rows at replica %s, topic %s, partition %d, offset %d do not all have the same content",
+            "rows_at_position",
+            "replica",
+            "topic",
+            "partition",
+            "offset",
+        )
+        quarantined = windowed.where(~candidate | F.col("conflicting")).select(
+            "snapshot_id",
+            "source_file",
+            *stood,
+            "raw",
+            F.coalesce("reason", F.lit("CONFLICTING_POSITION")).alias("reason"),
+            F.when(candidate, conflict_detail).otherwise(F.col("detail")).alias("detail"),
+        )
+        return conform(quarantined, quarantine_struct)
+
+    def count_skipped() -> dict[str, int]:
+        counted = lines.where(skip).groupBy("decoded_reason").agg(F.count(F.lit(1)).alias("rows")).collect()
+        return {row["decoded_reason"]: row["rows"] for row in counted}
+
+    return Judgement(
+        accepted=accepted,
+        build_quarantined=build_quarantined,
+        own_problems=own_problems,
+        conflicts=conflicts,
+        skipped=skipped,
+        count_skipped=count_skipped,
+    )

@@ -1,0 +1,368 @@
+"""Reading one complete snapshot folder into text lines: every message of every file, whatever its format.
+
+``read_snapshot_lines`` turns every file of the folder into text rows ``(source_file, raw,
+read_error, decoded_reason)`` (``LINES_SCHEMA``): a JSONL line as it is, a Parquet row rendered
+as a JSON object. So one validation path (``pipelines.judging``, ``validate_rows``) judges every
+format: a Parquet column whose type differs from SPEC 1 (an offset stored as a string, a float
+partition) shows up as BAD_TYPE on each row, exactly as the same JSON line would. What is read
+here is the ``rows_read`` of the accounting (``pipelines.accounting``): non-blank JSONL lines +
+Parquet rows + one per unreadable file (or unreadable tail).
+
+Raw Venice records: a Parquet file whose footer has the columns of Spark's Kafka source
+(``key`` and ``value`` binary, ``topic``, ``partition``, ``offset``, ``timestamp``) plus
+``region`` (``is_venice_schema``) is decoded on the executors
+(``pipelines.venice_frame.venice_lines``): a record that decodes to a SPEC 1 message becomes
+that message's JSON text and is judged like any other row; one the decoder quarantines or
+skips by rule (``schemas.raw.SKIP_REASONS``) carries its reason (``decoded_reason``), for the
+judging (``pipelines.judging``) to quarantine it, or to drop it before judging and count it.
+A skipped record's position was read all the same (SPEC 3a: not a gap): when the accepted
+pass saw skipped records, ``read_skipped_positions`` reads them again, decoding only the
+control records, for ``raw_topic_skipped``. An upstream cluster id missing from the cluster
+-> region map fails the Spark job, so nothing of the step is published
+(``venice_cluster_ids`` names the ids the folder holds, for the error's message).
+
+- A JSONL line ends at LF and only there; one CR before the LF is part of a CRLF ending.
+  A UTF-8 byte order mark opening a file is dropped (Hadoop's line reader does so). A line
+  that is empty or holds only ASCII whitespace (space, tab, LF, vertical tab, form feed,
+  CR) is blank: it carries no message and is not a row. Every other line is a row whatever
+  it holds (NUL, invalid UTF-8, a lone CR, NEL, U+2028/U+2029, a BOM later in the file):
+  accepted or quarantined, MALFORMED_JSON at worst. Spark's text reader (``*.jsonl``) and
+  the gzip reader (``pipelines/gzip_lines.py``, ``*.jsonl.gz``) apply this same rule, and
+  both keep a line's bytes as they are (invalid UTF-8 included).
+- A gzip file that breaks part-way (truncated, corrupt, trailing garbage) keeps its
+  complete lines before the break; one UNREADABLE_FILE row (raw null) stands for the rest,
+  whose lines cannot be counted. A Parquet file Spark or pyarrow cannot open is one
+  UNREADABLE_FILE row.
+- Only files directly inside the snapshot folder named ``*.jsonl``, ``*.jsonl.gz`` or
+  ``*.parquet`` are data. ``_SUCCESS`` is the completion marker. Everything else
+  (sub-folders, hidden or ``_``-prefixed files, other extensions) is not read and is
+  listed in ``SnapshotFiles.other_files`` so the asset can show it.
+
+Where the work runs: the driver lists the folder (names, sizes) and reads Parquet footers
+(to group files by schema and find unreadable ones); nothing else of a file passes through
+it. JSONL and Parquet files are read by Spark. Gzip files are read in Spark's Python
+workers, one task per file (``_gzip_lines``: ``mapInArrow`` over ``pipelines/gzip_lines.py``,
+shipped by value): each task streams its file through zlib once, yielding its lines and,
+when the stream breaks, the row for the lost rest (so a broken file never fails the job,
+as it would with Spark's own gzip reader). This used to be a check of every gzip file on
+the driver before Spark read it again, and a broken file's lines gathered in the driver's
+memory: the driver's memory and one machine's I/O bounded the snapshot, and whole files
+were decompressed twice.
+
+Known limit: a Parquet file with a readable footer but corrupt data pages fails the
+Spark job (loudly, never silently).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import reduce
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipelines.gzip_lines import BLANK, gzip_file_batches
+from pipelines.venice_frame import (
+    cluster_ids_in,
+    resolve_push_settings,
+    venice_lines,
+    venice_skipped_positions,
+)
+from pipelines.venice_values import PushSettings
+from resources.filesystem import Location
+from resources.snapshots import SUCCESS_MARKER
+from schemas.conform import conform, local_frame
+from schemas.raw import RawTopicSkipped
+
+FORMATS = ("jsonl.gz", "jsonl", "parquet")  # longest suffix first: "x.jsonl.gz" is not "jsonl"
+BYTES_PER_ROW = {"jsonl.gz": 20, "jsonl": 200, "parquet": 20}
+# The columns (from the Parquet footer) that make a file raw Venice records: Spark's Kafka
+# source (timestampType and headers may be there too; they are not used) plus region.
+VENICE_COLUMNS = {"key": pa.binary(), "value": pa.binary(), "topic": None, "partition": None, "offset": None,
+                  "timestamp": None, "region": None}
+
+
+def is_venice_schema(schema: pa.Schema) -> bool:
+    """Whether a Parquet footer's schema is that of raw Venice records (``VENICE_COLUMNS``)."""
+    names = set(schema.names)
+    if not set(VENICE_COLUMNS) <= names:
+        return False
+    return all(t is None or pa.types.is_binary(schema.field(n).type) or pa.types.is_large_binary(schema.field(n).type)
+               for n, t in VENICE_COLUMNS.items())
+
+
+@dataclass(frozen=True)
+class VeniceSettings:
+    """How raw Venice records are decoded: cluster id -> region, and a heartbeat's clock half-width."""
+
+    cluster_regions: dict[int, str] = field(default_factory=dict)
+    clock_uncertainty_ms: int = 0
+    # Per version topic, its compression and chunking where the snapshot holds no START_OF_PUSH of it.
+    push_settings: dict[str, PushSettings] = field(default_factory=dict)
+
+
+# What read_snapshot_lines returns. read_error is set only on the one row standing for an
+# unreadable file (or the unreadable rest of one); raw is then null. decoded_reason is set
+# only on raw Venice records the decoder skipped or quarantined.
+LINES_SCHEMA = T.StructType(
+    [
+        T.StructField("source_file", T.StringType(), nullable=False),
+        T.StructField("raw", T.StringType(), nullable=True),
+        T.StructField("read_error", T.StringType(), nullable=True),
+        T.StructField("decoded_reason", T.StringType(), nullable=True),
+    ]
+)
+
+# What a blank line may hold, on the Spark side (btrim) as in the gzip reader.
+_BLANK_CHARS = BLANK.decode("ascii")
+_GLOB_CHARS = re.compile(r"([\\{}\[\]*?])")
+
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    path: str  # absolute path, or URI, as Spark reads it
+    name: str  # relative to the snapshot folder; stored as source_file
+    format: str  # one of FORMATS
+    size: int = 0  # bytes
+
+
+@dataclass(frozen=True)
+class SnapshotFiles:
+    """The files of a snapshot folder: those read as data, and those that are not (with why)."""
+
+    data_files: list[SnapshotFile] = field(default_factory=list)
+    other_files: list[dict[str, str]] = field(default_factory=list)  # {"file": name, "reason": why}
+
+    def estimated_rows(self) -> int:
+        """About how many rows the data files hold, from their sizes alone (nothing is read).
+
+        Simulated snapshots take ~220 bytes a row as JSONL and 20-27 compressed (gzip,
+        Parquet, raw Venice records); the divisors are the low ends, so the estimate errs
+        towards more rows. Good enough to size the work (``SparkResource.sized_for``), never
+        a count: the accounting counts rows.
+        """
+        return sum(f.size // BYTES_PER_ROW[f.format] for f in self.data_files)
+
+
+def list_snapshot_files(folder: str) -> SnapshotFiles:
+    """The data files directly inside ``folder`` (sorted by name), and every other entry but ``_SUCCESS``.
+
+    ``folder`` is a path or a URI; it is listed through ``resources/filesystem.py`` (names,
+    types and sizes only: nothing of a file's content is read here).
+    """
+    data: list[SnapshotFile] = []
+    other: list[dict[str, str]] = []
+    for entry in Location.of(folder).list():
+        name = entry.name
+        if name == SUCCESS_MARKER and entry.is_file:
+            continue
+        if entry.is_dir:
+            other.append({"file": name, "reason": "folder: only files directly in the snapshot folder are read"})
+        elif name.startswith((".", "_")):
+            other.append({"file": name, "reason": "hidden or marker file (name starts with '.' or '_')"})
+        elif not entry.is_file:
+            other.append({"file": name, "reason": "not a regular file"})
+        else:
+            fmt = next((f for f in FORMATS if name.endswith("." + f)), None)
+            if fmt is None:
+                other.append({"file": name, "reason": "not a data file: expected *.jsonl, *.jsonl.gz or *.parquet"})
+            else:
+                data.append(SnapshotFile(path=entry.uri, name=name, format=fmt, size=entry.size or 0))
+    return SnapshotFiles(data_files=data, other_files=other)
+
+
+def _local_lines(spark: SparkSession, rows: list[tuple[str, str | None, str | None]]) -> DataFrame:
+    """A small LINES_SCHEMA frame made on the driver (through Arrow: a local relation, no Python workers)."""
+    return local_frame(spark, [(*row, None) for row in rows], LINES_SCHEMA)
+
+
+def _spark_path(path: str) -> str:
+    # Spark globs the paths it is given; a file named "a[1].jsonl" must be read literally.
+    return _GLOB_CHARS.sub(r"\\\1", path)
+
+
+def _source_file_name(frame: DataFrame) -> Column:
+    # metadataColumn finds Spark's _metadata even when a Parquet file has a column of that
+    # name. Its file_name is URI-encoded ("a%20b.jsonl"); url_decode would also turn a
+    # literal '+' into a space, so protect it first.
+    encoded = frame.metadataColumn("_metadata").getField("file_name")
+    return F.url_decode(F.replace(encoded, F.lit("+"), F.lit("%2B")))
+
+
+def _gzip_lines(spark: SparkSession, folder: str, files: list[SnapshotFile]) -> DataFrame:
+    """The rows of gzip files, decompressed and checked on the executors: one task per file.
+
+    The driver only hands out names and paths (and the pyarrow filesystem that reaches them,
+    which pickles); each task streams its file through ``pipelines.gzip_lines``, shipped by
+    value. A broken file yields its complete lines and one row for the rest, where Spark's
+    own gzip reader would fail the whole job.
+    """
+    location = Location.of(folder)
+    fs = location.fs
+    tasks = [(location.child(f.name).path, f.name) for f in files]
+
+    def read(batches):
+        for batch in batches:
+            for task in batch.column("id").to_pylist():
+                yield from gzip_file_batches(fs, *tasks[task])
+
+    schema = T.StructType(
+        [
+            T.StructField("source_file", T.StringType(), nullable=False),
+            T.StructField("raw", T.BinaryType()),
+            T.StructField("read_error", T.StringType()),
+        ]
+    )
+    # range gives each task exactly one id (no shuffle, nothing for adaptive execution to merge).
+    rows = spark.range(0, len(tasks), 1, numPartitions=len(tasks)).mapInArrow(read, schema)
+    # Binary to string keeps the bytes, invalid UTF-8 included, as Spark's text reader does.
+    return rows.select("source_file", F.col("raw").cast(T.StringType()).alias("raw"), "read_error")
+
+
+def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
+    # Without lineSep, Hadoop's reader also ends a line at a lone CR, splitting one JSONL
+    # line (a CR is JSON whitespace) into two rows.
+    text = spark.read.option("lineSep", "\n").text([_spark_path(f.path) for f in files])
+    value = F.col("value")
+    # The CR of a CRLF ending is cut off as bytes, so that invalid UTF-8 stays byte for byte.
+    without_cr = F.substring(value.cast(T.BinaryType()), F.lit(1), F.octet_length(value) - 1).cast(T.StringType())
+    lines = text.select(
+        _source_file_name(text).alias("source_file"),
+        F.when(F.endswith(value, F.lit("\r")), without_cr).otherwise(value).alias("raw"),
+        F.lit(None).cast(T.StringType()).alias("read_error"),
+    )
+    # Not a regex "^\s*$": Java's "$" also matches before a final NEL, U+2028 or U+2029,
+    # which made lines holding only one of them vanish uncounted.
+    # Trimmed (a copy of the whole line) only when the line is empty or starts with a blank
+    # character (Spark's OR skips its right side when the left holds): a JSON line starts with "{".
+    raw = F.col("raw")
+    may_be_blank = F.substring(raw, 1, 1).isin("", *_BLANK_CHARS)
+    return lines.where(~may_be_blank | (F.btrim(raw, F.lit(_BLANK_CHARS)) != F.lit("")))
+
+
+def _parquet_tables(
+    spark: SparkSession, files: list[SnapshotFile]
+) -> tuple[list[tuple[DataFrame, bool]], list[tuple[str, str | None, str | None]]]:
+    """One frame per group of Parquet files with identical schema, each with whether it is raw Venice records
+    (``is_venice_schema``), and a row ``(file, None, error)`` for each unreadable file."""
+    groups: dict[str, list[SnapshotFile]] = {}
+    venice_keys: set[str] = set()
+    unreadable: list[tuple[str, str | None, str | None]] = []
+    for file in files:
+        try:
+            location = Location.of(file.path)
+            schema = pq.read_schema(location.path, filesystem=location.fs)
+        except Exception as exc:  # noqa: BLE001 - any failure to open the footer makes the file unreadable
+            unreadable.append((file.name, None, f"cannot read the Parquet footer: {exc}"))
+            continue
+        key = schema.to_string(show_field_metadata=False, show_schema_metadata=False)
+        groups.setdefault(key, []).append(file)
+        if is_venice_schema(schema):
+            venice_keys.add(key)
+
+    tables: list[tuple[DataFrame, bool]] = []
+    for key, group in groups.items():
+        try:
+            table = spark.read.parquet(*[_spark_path(f.path) for f in group])
+        except Exception as exc:  # noqa: BLE001 - Spark resolves the schema eagerly and may refuse its types
+            unreadable.extend((f.name, None, f"Spark cannot read this Parquet schema: {exc}") for f in group)
+            continue
+        tables.append((table, key in venice_keys))
+    return tables, unreadable
+
+
+def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: VeniceSettings) -> list[DataFrame]:
+    """One frame per group of Parquet files with identical schema, plus rows for unreadable ones.
+
+    A group whose schema is raw Venice records (``is_venice_schema``) is decoded (``venice_lines``).
+    """
+    tables, unreadable = _parquet_tables(spark, files)
+    frames: list[DataFrame] = []
+    for table, is_venice in tables:
+        if is_venice:
+            records = table.select("*", _source_file_name(table).alias("source_file"))
+            push = resolve_push_settings(records, venice.push_settings)
+            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, push))
+            continue
+        columns = [F.col("`" + name.replace("`", "``") + "`") for name in table.columns]
+        frames.append(
+            table.select(
+                _source_file_name(table).alias("source_file"),
+                F.to_json(F.struct(*columns), {"ignoreNullFields": "true"}).alias("raw"),
+                F.lit(None).cast(T.StringType()).alias("read_error"),
+            )
+        )
+    if unreadable:
+        frames.append(_local_lines(spark, unreadable))
+    return frames
+
+
+def read_skipped_positions(
+    spark: SparkSession, folder: str, snapshot_id: str, venice: VeniceSettings | None = None
+) -> DataFrame:
+    """The positions of the snapshot's raw Venice records skipped by rule, shaped like RawTopicSkipped.
+
+    What ``read_snapshot_lines`` drops before judging (``decoded_reason`` in SKIP_REASONS), one
+    row per record: its Kafka position was read (SPEC 3a), so it closes a gap though it holds no
+    row. A pass of its own over the raw Venice files only, decoding only their control records
+    (``venice_skipped_positions``); worth running only when the accepted pass saw skipped records
+    (``Judgement.skipped_by_reason``). Unreadable files are the quarantine's business.
+    """
+    venice = venice or VeniceSettings()
+    tables, _ = _parquet_tables(spark, [f for f in list_snapshot_files(folder).data_files if f.format == "parquet"])
+    frames = []
+    for table, is_venice in tables:
+        if is_venice:
+            records = table.select("*", _source_file_name(table).alias("source_file"))
+            push = resolve_push_settings(records, venice.push_settings)
+            frames.append(venice_skipped_positions(records, venice.cluster_regions, venice.clock_uncertainty_ms, push))
+    struct = RawTopicSkipped.to_structtype()
+    if not frames:
+        return local_frame(spark, [], struct)
+    return conform(reduce(DataFrame.unionByName, frames).withColumn("snapshot_id", F.lit(snapshot_id)), struct)
+
+
+def venice_cluster_ids(spark: SparkSession, folder: str) -> list[int]:
+    """Every upstream cluster id named by the raw Venice records of a snapshot folder (sorted; empty
+    without any). Reads the Parquet footers again: it serves only an error's message."""
+    paths = []
+    for file in list_snapshot_files(folder).data_files:
+        if file.format != "parquet":
+            continue
+        try:
+            location = Location.of(file.path)
+            if is_venice_schema(pq.read_schema(location.path, filesystem=location.fs)):
+                paths.append(_spark_path(file.path))
+        except Exception:  # noqa: BLE001 - an unreadable file is the quarantine's business
+            continue
+    return cluster_ids_in(spark.read.parquet(*paths)) if paths else []
+
+
+def read_snapshot_lines(spark: SparkSession, folder: str, venice: VeniceSettings | None = None) -> DataFrame:
+    """Every message of the snapshot folder as text: ``(source_file, raw, read_error, decoded_reason)``.
+
+    ``decoded_reason`` is null but for raw Venice records the decoder skipped or quarantined
+    (the reason). ``venice`` says how to decode raw Venice records.
+
+    Blank lines are skipped (they are not rows). Spark reads the JSONL and Parquet files
+    itself; gzip files are decompressed, checked and split into lines on the executors
+    (``_gzip_lines``), a broken one giving its complete lines plus one UNREADABLE_FILE row.
+    The driver reads file names, sizes and Parquet footers only.
+    """
+    files = list_snapshot_files(folder).data_files
+    frames: list[DataFrame] = []
+    text_files = [f for f in files if f.format == "jsonl"]
+    if text_files:
+        frames.append(_text_lines(spark, text_files))
+    gzip_files = [f for f in files if f.format == "jsonl.gz" and f.size > 0]
+    if gzip_files:
+        frames.append(_gzip_lines(spark, folder, gzip_files))
+    frames.extend(_parquet_rows(spark, [f for f in files if f.format == "parquet"], venice or VeniceSettings()))
+    if not frames:
+        frames.append(_local_lines(spark, []))
+    frames = [f if "decoded_reason" in f.columns else f.withColumn("decoded_reason", F.lit(None).cast(T.StringType()))
+              for f in frames]
+    return reduce(DataFrame.unionByName, frames)
