@@ -86,7 +86,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.state import LAST_VERSION_COLUMNS, kept_where_gapped
+from pipelines.state import kept_where_gapped
+from pipelines.state_rows import LAST_VERSION_COLUMNS
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
 from schemas.conform import conform, local_batches, local_frame

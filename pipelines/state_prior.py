@@ -1,0 +1,529 @@
+"""Which state a snapshot continues (the predecessor rule), checked and verified; which states are kept.
+
+An incremental audit (``pipelines/state.py``) continues a snapshot S from the state an
+earlier snapshot left in ``replica_state`` (its rows: ``pipelines/state_rows.py``). This
+module chooses that state (``predecessors``), verifies the overlap of the two dumps
+(``overlap_differences``), checks the state against its commit context
+(``context_problems``) and refuses rather than guess (``prior_state``, ``StateRefused``);
+``retained_states`` decides which states are kept for later snapshots to continue.
+
+The predecessor rule
+--------------------
+For each (replica, topic, partition) of S whose dump does not start with START_OF_PUSH,
+the predecessor is the CONTEXT row, among the ``replica_state`` partitions of the other
+snapshots, with the greatest ``last_offset`` below S's first offset of that replica
+partition. A dump starting with START_OF_PUSH starts a fresh stream; no predecessor
+means a fresh mid-stream start, audited as a lone snapshot. S's own partition of the
+state is never read: re-materializing S uses the state before S, so it is idempotent.
+The offsets between the predecessor's ``last_offset`` and S's first offset are taken to
+hold no version-topic row (version-topic offsets may skip); the dumps are trusted to be
+of one log when their (replica, topic, partition) match.
+
+Overlapping dumps. Dump tools re-read a little of what they dumped last time. When S's
+offsets intersect exactly one context's ``first_offset..last_offset``, and S starts
+inside it and ends past it (``first_offset < S's first <= last_offset < S's last``),
+that context is the predecessor, *once the overlap is verified* (``overlap_differences``):
+S's rows of ``raw_topic_snapshots`` at offsets S's first..``last_offset`` must be the
+predecessor snapshot's rows there, the same offsets and at each offset the same messages
+(every SPEC message field, vectors as their sorted entries; ``source_file``, ``copies``
+and unknown extra fields are bookkeeping, not compared). The comparison is a Spark join
+and aggregate: only its first difference per replica partition reaches the driver.
+``carry_over`` then leaves S's rows up to the predecessor's ``last_offset`` out (they
+are the state's already). What the overlap adds to ``L`` and ``P`` of S's later rows,
+the state's ``L(end)`` and ``P`` hold already (they come from the same messages), so
+the comparison and the state written after S are those of S trimmed by hand, but for
+the CONTEXT row's ``first_offset``: it keeps S's own first offset. A snapshot's raw rows
+cover every offset of its context, so a later dump that starts inside S's offsets (after
+S's first) is verified against S's raw rows.
+
+The audit refuses (``StateRefused``, which fails the run) rather than guess when:
+
+- S's offsets of the replica partition intersect other snapshots' contexts in a way S
+  cannot continue: more than one context; one that starts at or after S's first offset
+  (S re-dumps all of it: does S continue that state or replace it?); or one that S lies
+  within (S adds no offset to that state, and its verdicts would be the earlier ones);
+- an overlap is not verified: S and the predecessor differ at some overlapping offset
+  (the message names the lowest, and which side lacks it or which fields differ), or the
+  predecessor's raw rows there are no longer in ``raw_topic_snapshots``;
+- two snapshots' contexts end at the same greatest offset below S;
+- the chosen context does not match its stored VERSION rows: their count
+  (``state_rows``) or their order-independent checksum (``state_checksum``, see
+  ``pipelines/state_rows.py``); or the snapshot holds two contexts for the replica
+  partition.
+
+A context row is the index of its state: deleting it (with or without its VERSION rows)
+leaves nothing to continue, and the next snapshot starts fresh, which is safe.
+
+What a step reads (bounded)
+---------------------------
+The predecessor rule needs only the CONTEXT rows of the other snapshots (a few per
+snapshot). The divergence asset reads those alone (a filter on ``row_kind`` pushed into
+the Parquet scan skips the VERSION rows) and hands them to ``prior_state`` as ``state``;
+``prior_state`` then reads, through ``read_states``, only the partitions of
+``replica_state`` of the chosen predecessors (usually one snapshot) for their VERSION
+rows and contexts. A step's work on the state therefore does not grow with the number of
+snapshots audited (before, every snapshot's VERSION rows were read, one union branch per
+snapshot, and joined with the choice). The contexts read with the VERSION rows must be
+the ones chosen (same replica partition and ``last_offset``): a predecessor re-written or
+dropped by a concurrent audit between the two reads is refused ("changed while ... was
+read"), never half used. Called with a whole ``replica_state`` and no ``read_states``,
+``prior_state`` filters it to the chosen snapshots itself: the same result.
+
+Retention. ``retained_states`` decides which states to keep under ``state_retention = N``:
+per replica partition, the N contexts ending furthest along the log (greatest
+``last_offset``; a context tied with the last kept one is kept too, so that a tie stays
+a refusal rather than becoming a choice); a snapshot's partition of ``replica_state`` is
+kept when any of its contexts is, and dropped otherwise. A later dump normally continues
+the newest state; one that would have continued a dropped state (a late dump of older
+offsets) finds no predecessor and starts fresh, or is refused if it overlaps a kept
+state it cannot continue: both safe (a fresh start can only miss proofs). N is at least
+2, so the state the newest snapshot continued is kept and re-auditing that snapshot (the
+hourly schedule does) starts from the same state. The asset drops the states after its
+own tables are committed (``DeltaStore.delete_snapshots``, one Delta commit); unset, every
+state is kept, as before.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipelines.frames import computed_once
+from pipelines.state_rows import CONTEXT, REPLICA_PARTITION, VERSION, checksum, version_hash
+from schemas.conform import local_frame
+from schemas.raw import MESSAGE_FIELDS
+from schemas.state import ReplicaState
+
+MAX_LISTED = 20
+PROBLEMS = ("DUPLICATE_CONTEXT", "STATE_ROWS", "STATE_CHECKSUM")
+
+
+class StateRefused(RuntimeError):
+    """The prior state cannot be trusted or its predecessor is ambiguous: the snapshot is not audited."""
+
+
+@dataclass(frozen=True)
+class PriorState:
+    """The state a snapshot continues: the chosen CONTEXT rows, their VERSION rows, and a small description."""
+
+    versions: DataFrame
+    context: DataFrame
+    links: list[dict[str, Any]]  # per continued replica partition: ids and offsets (a handful of rows)
+
+    @property
+    def previous_snapshot_ids(self) -> list[str]:
+        return sorted({link["previous_snapshot_id"] for link in self.links})
+
+    @property
+    def carried_versions(self) -> int:
+        return sum(int(link["state_rows"]) for link in self.links)
+
+
+def no_prior_state(spark: SparkSession) -> PriorState:
+    """The prior state of a snapshot when no other snapshot has one: nothing carried (empty frames, no Spark job).
+
+    What ``prior_state`` finds when ``replica_state`` holds no other snapshot's rows: no
+    context can be a predecessor, so every stream starts fresh and nothing is refused.
+    """
+    empty = local_frame(spark, [], ReplicaState.to_structtype())
+    return PriorState(versions=empty, context=empty, links=[])
+
+
+# -------------------------------------------------------------- predecessors
+_CONFLICT = T.StructType(
+    [T.StructField("snapshot_id", T.StringType()), T.StructField("first_offset", T.LongType()),
+     T.StructField("last_offset", T.LongType())]
+)
+
+
+def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
+    """Per mid-stream replica partition of one snapshot: its predecessor (when there is one) and any conflicts.
+
+    ``contexts`` are the CONTEXT rows of the other snapshots. Columns: ``snapshot_id``,
+    the replica partition, its ``first_offset`` and ``last_offset``,
+    ``previous_snapshot_id`` (null when there is none or it is ambiguous),
+    ``previous_last_offset``, ``overlap`` (the predecessor's offsets reach into the
+    snapshot's: its rows from ``first_offset`` to ``previous_last_offset`` are to be
+    verified), ``candidates`` (the snapshots whose context ends at the greatest offset
+    below the snapshot's) and ``overlapping`` (contexts whose ``first_offset..last_offset``
+    intersects the snapshot's). A context the snapshot overlaps is its predecessor when it
+    is the only one and the snapshot starts after its first offset and ends after its last.
+    """
+    rp = list(REPLICA_PARTITION)
+    mid = partition_wm.where(~F.col("starts_with_sop")).select("snapshot_id", *rp, "first_offset", "last_offset")
+    others = contexts.where(F.col("row_kind") == CONTEXT).select(
+        *rp,
+        F.col("snapshot_id").alias("c_snapshot"),
+        F.col("first_offset").alias("c_first"),
+        F.col("last_offset").alias("c_last"),
+    )
+    candidates = mid.join(others, on=rp, how="inner")
+    before = F.col("c_last") < F.col("first_offset")
+    best = candidates.groupBy(*rp).agg(F.max(F.when(before, F.col("c_last"))).alias("previous_last_offset"))
+    at_best = before & (F.col("c_last") == F.col("previous_last_offset"))
+    overlaps = (F.col("c_first") <= F.col("last_offset")) & (F.col("c_last") >= F.col("first_offset"))
+    conflict = F.struct(
+        F.col("c_snapshot").alias("snapshot_id"), F.col("c_first").alias("first_offset"),
+        F.col("c_last").alias("last_offset"),
+    )
+    links = candidates.join(best, on=rp, how="inner").groupBy(*rp).agg(
+        F.max("previous_last_offset").alias("previous_last_offset"),
+        # A set: two context rows of one snapshot are the commit-context check's to report.
+        F.array_sort(F.collect_set(F.when(at_best, F.col("c_snapshot")))).alias("candidates"),
+        F.array_sort(F.collect_list(F.when(overlaps, conflict))).alias("overlapping"),
+    )
+    overlapping = F.coalesce(F.col("overlapping"), F.array().cast(T.ArrayType(_CONFLICT)))
+    tied = F.coalesce(F.col("candidates"), F.array().cast(T.ArrayType(T.StringType())))
+    only = F.get(overlapping, 0)
+    # S starts inside the one context it overlaps and goes past its end: S continues it.
+    continues_inside = (
+        (F.size(overlapping) == 1)
+        & (only["first_offset"] < F.col("first_offset"))
+        & (only["last_offset"] < F.col("last_offset"))
+    )
+    below = (F.size(overlapping) == 0) & (F.size(tied) == 1)
+    return mid.join(links, on=rp, how="left").select(
+        "snapshot_id",
+        *rp,
+        "first_offset",
+        "last_offset",
+        F.when(continues_inside, only["snapshot_id"]).when(below, F.get(tied, 0)).alias("previous_snapshot_id"),
+        F.when(continues_inside, only["last_offset"]).otherwise(F.col("previous_last_offset"))
+        .alias("previous_last_offset"),
+        F.coalesce(continues_inside, F.lit(False)).alias("overlap"),
+        tied.alias("candidates"),
+        overlapping.alias("overlapping"),
+    )
+
+
+def _message() -> Column:
+    """A raw row's SPEC message fields but its replica partition and offset; vectors as their sorted entries."""
+    skipped = {*REPLICA_PARTITION, "offset"}
+    return F.struct(*[
+        (F.array_sort(F.map_entries(F.col(name))) if isinstance(dtype, T.MapType) else F.col(name)).alias(name)
+        for name, dtype in MESSAGE_FIELDS.items() if name not in skipped
+    ])
+
+
+def overlap_differences(raw: DataFrame, links: DataFrame) -> DataFrame:
+    """The overlap of each replica partition with its predecessor, compared offset by offset in the raw rows.
+
+    ``links`` are ``predecessors`` rows; those with ``overlap`` are compared: the raw rows
+    (``raw_topic_snapshots``) of ``snapshot_id`` and of ``previous_snapshot_id`` at offsets
+    ``first_offset..previous_last_offset`` of the replica partition. At each offset the two
+    sides hold the same messages when their SPEC message fields are equal (vectors in any
+    order; bookkeeping columns such as ``source_file`` and ``copies``, and unknown extra
+    fields, are not compared). One row per compared link: ``offsets`` (offsets held by
+    either side), ``rows`` and ``previous_rows`` (raw rows of each side there) and
+    ``first_difference``, null when the sides are equal, else the lowest offset where they
+    are not: its ``rows`` and ``previous_rows``, the ``kinds`` and ``previous_kinds`` there,
+    and ``fields``, the message fields that differ when each side holds one message.
+    """
+    rp = list(REPLICA_PARTITION)
+    ranges = links.where(F.col("overlap")).select(
+        "snapshot_id", *rp, "previous_snapshot_id", "first_offset", "previous_last_offset"
+    )
+    in_range = F.col("offset").between(F.col("first_offset"), F.col("previous_last_offset"))
+
+    def side(snapshot_column: str, name: str) -> DataFrame:
+        bounds = ranges.select(
+            F.col(snapshot_column).alias("raw_snapshot"), *rp, "first_offset", "previous_last_offset"
+        )
+        return (
+            raw.withColumnRenamed("snapshot_id", "raw_snapshot")
+            .join(F.broadcast(bounds), on=["raw_snapshot", *rp], how="inner")
+            .where(in_range)
+            .groupBy(*rp, "offset")
+            .agg(F.array_sort(F.collect_list(_message())).alias(name))
+        )
+
+    def count(messages: str) -> Column:
+        return F.when(F.col(messages).isNull(), F.lit(0)).otherwise(F.size(messages)).cast(T.LongType())
+
+    names = [name for name in MESSAGE_FIELDS if name not in {*REPLICA_PARTITION, "offset"}]
+    one_each = (count("own") == 1) & (count("previous") == 1)
+    fields = F.filter(
+        F.array(*[F.when(~F.col("own")[0][n].eqNullSafe(F.col("previous")[0][n]), F.lit(n)) for n in names]),
+        lambda name: name.isNotNull(),
+    )
+    difference = F.struct(
+        F.col("offset").alias("offset"),
+        count("own").alias("rows"),
+        count("previous").alias("previous_rows"),
+        F.transform(F.col("own"), lambda m: m["kind"]).alias("kinds"),
+        F.transform(F.col("previous"), lambda m: m["kind"]).alias("previous_kinds"),
+        F.when(one_each, fields).alias("fields"),
+    )
+    differs = ~F.col("own").eqNullSafe(F.col("previous"))
+    compared = (
+        side("snapshot_id", "own").join(side("previous_snapshot_id", "previous"), on=[*rp, "offset"], how="full")
+        .groupBy(*rp)
+        .agg(
+            F.count(F.lit(1)).alias("offsets"),
+            F.sum(count("own")).alias("rows"),
+            F.sum(count("previous")).alias("previous_rows"),
+            # min_by skips rows whose ordering value is null: only the differing offsets compete.
+            F.min_by(difference, F.when(differs, F.col("offset"))).alias("first_difference"),
+        )
+    )
+    zero = F.lit(0).cast(T.LongType())
+    return ranges.join(compared, on=rp, how="left").select(
+        *ranges.columns,
+        F.coalesce(F.col("offsets"), zero).alias("offsets"),
+        F.coalesce(F.col("rows"), zero).alias("rows"),
+        F.coalesce(F.col("previous_rows"), zero).alias("previous_rows"),
+        "first_difference",
+    )
+
+
+def context_problems(prior_versions: DataFrame, prior_context: DataFrame) -> DataFrame:
+    """Every way the CONTEXT rows of ``prior_context`` disagree with their VERSION rows in ``prior_versions``.
+
+    One row per problem: the context's snapshot and replica partition, ``problem``
+    (DUPLICATE_CONTEXT, STATE_ROWS or STATE_CHECKSUM), ``expected`` (what the context
+    says) and ``found`` (what the VERSION rows give). Empty when the state can be used.
+    """
+    keys = ["snapshot_id", *REPLICA_PARTITION]
+    found = prior_versions.where(F.col("row_kind") == VERSION).groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("found_rows"), checksum(version_hash()).alias("found_checksum")
+    )
+    expected = prior_context.where(F.col("row_kind") == CONTEXT).groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("contexts"),
+        F.max("state_rows").alias("state_rows"),
+        F.max("state_checksum").alias("state_checksum"),
+    )
+    zero = F.lit(0).cast(T.LongType())
+    found_rows = F.coalesce(F.col("found_rows"), zero)
+    found_checksum = F.coalesce(F.col("found_checksum"), zero)
+
+    def check(problem: str, expected_value: Column, found_value: Column) -> Column:
+        return F.struct(
+            F.lit(problem).alias("problem"),
+            expected_value.cast(T.LongType()).alias("expected"),
+            found_value.cast(T.LongType()).alias("found"),
+            (~expected_value.cast(T.LongType()).eqNullSafe(found_value.cast(T.LongType()))).alias("failed"),
+        )
+
+    expected_and_found = {
+        "DUPLICATE_CONTEXT": (F.lit(1), F.col("contexts")),
+        "STATE_ROWS": (F.col("state_rows"), found_rows),
+        "STATE_CHECKSUM": (F.col("state_checksum"), found_checksum),
+    }
+    checks = F.array(*[check(problem, *expected_and_found[problem]) for problem in PROBLEMS])
+    return (
+        expected.join(found, on=keys, how="left")
+        .select(*keys, F.inline(checks))
+        .where(F.col("failed"))
+        .select(*keys, "problem", "expected", "found")
+    )
+
+
+def _name(row: Any) -> str:
+    return f"{row['replica']}/{row['topic']}/{row['partition']}"
+
+
+def _conflict(link: Any, snapshot_id: str) -> str:
+    """Why the contexts overlapping a snapshot's dump of a replica partition give it no predecessor."""
+    name, first, last = _name(link), link["first_offset"], link["last_offset"]
+    others = link["overlapping"]
+    if len(others) > 1:
+        listed = ", ".join(f"{o['snapshot_id']} ({o['first_offset']}..{o['last_offset']})" for o in others)
+        return (
+            f"{name}: {snapshot_id} starts mid-stream at offset {first} (up to {last}), and the states of snapshots "
+            f"{listed} all cover some of its offsets, so which state {snapshot_id} continues is ambiguous"
+        )
+    other = others[0]
+    covers = (
+        f"the state of snapshot {other['snapshot_id']} covers offsets {other['first_offset']}..{other['last_offset']}"
+    )
+    if other["first_offset"] >= first:
+        return (
+            f"{name}: {snapshot_id} starts mid-stream at offset {first} (up to {last}), but {covers}, from that "
+            f"offset or later, so whether {snapshot_id} continues that state or replaces it is ambiguous"
+        )
+    return (
+        f"{name}: {snapshot_id} starts mid-stream at offset {first} and ends at {last}, but {covers}: "
+        f"{snapshot_id} adds no offset to that state"
+    )
+
+
+def _difference(found: Any, snapshot_id: str, previous: str) -> str:
+    """What differs at the first offset where two dumps' overlap differs, briefly."""
+    if not found["rows"]:
+        return f"only {previous} has a message ({', '.join(found['previous_kinds'])})"
+    if not found["previous_rows"]:
+        return f"only {snapshot_id} has a message ({', '.join(found['kinds'])})"
+    if found["fields"]:
+        return f"the messages differ in {', '.join(found['fields'])}"
+    return (
+        f"{snapshot_id} has {found['rows']} message(s) ({', '.join(found['kinds'])}), {previous} "
+        f"{found['previous_rows']} ({', '.join(found['previous_kinds'])})"
+    )
+
+
+def _verify_overlaps(
+    raw: DataFrame, links: DataFrame, continued: list[Any], snapshot_id: str
+) -> tuple[dict[tuple, dict[str, Any]], list[str]]:
+    """The overlaps of ``continued`` links, compared in ``raw``: (verified overlaps by replica partition, refusals)."""
+    overlapping = [link for link in continued if link["overlap"]]
+    if not overlapping:
+        return {}, []
+    # Only the snapshots compared are read: the filter prunes the table's other partitions.
+    ids = sorted({snapshot_id, *(link["previous_snapshot_id"] for link in overlapping)})
+    checks = overlap_differences(raw.where(F.col("snapshot_id").isin(*ids)), links).collect()
+    verified, refusals = {}, []
+    for check in sorted(checks, key=lambda c: tuple(c[k] for k in REPLICA_PARTITION)):
+        name, previous = _name(check), check["previous_snapshot_id"]
+        first, last = check["first_offset"], check["previous_last_offset"]
+        inside = (
+            f"{name}: {snapshot_id} starts at offset {first}, inside the state of snapshot {previous} (up to {last})"
+        )
+        if not check["rows"] or not check["previous_rows"]:
+            lacking = previous if not check["previous_rows"] else snapshot_id
+            refusals.append(
+                f"{inside}, but raw_topic_snapshots no longer holds {lacking}'s rows at offsets {first}..{last}, "
+                "so the overlap cannot be verified"
+            )
+        elif check["first_difference"] is not None:
+            found = check["first_difference"]
+            refusals.append(
+                f"{inside}, and the two dumps differ there: first at offset {found['offset']}, where "
+                f"{_difference(found, snapshot_id, previous)}"
+            )
+        else:
+            verified[tuple(check[k] for k in REPLICA_PARTITION)] = {
+                "first_offset": first, "last_offset": last, "offsets": check["offsets"], "rows_verified": check["rows"],
+            }
+    return verified, refusals
+
+
+def prior_state(
+    state: DataFrame,
+    partition_wm: DataFrame,
+    snapshot_id: str,
+    raw: DataFrame,
+    read_states: Callable[[list[str]], DataFrame] | None = None,
+) -> PriorState:
+    """The state ``snapshot_id`` continues, chosen by the predecessor rule and checked; raises ``StateRefused``.
+
+    ``state`` is ``replica_state`` (any snapshots; ``snapshot_id``'s own rows are
+    ignored): its CONTEXT rows choose the predecessors, and only they are needed there
+    when ``read_states`` is given. ``read_states(ids)`` returns the ``replica_state`` rows
+    (both kinds) of the snapshots ``ids``, the chosen predecessors: only their partitions
+    are read for VERSION rows and the contexts carried (partition pruning; by default
+    ``state`` filtered to them). ``partition_wm`` is the snapshot's
+    ``partition_watermarks``, ``raw`` ``raw_topic_snapshots`` (any snapshots: only the rows
+    of the snapshot and of the predecessors its dumps overlap are read, to verify the
+    overlaps). Only a handful of rows reach the driver: one per mid-stream replica
+    partition, per overlap, and the problems.
+    """
+    rp = list(REPLICA_PARTITION)
+    others = state.where(F.col("snapshot_id") != snapshot_id)
+    contexts = others.where(F.col("row_kind") == CONTEXT)
+    links = computed_once(predecessors(partition_wm, contexts))
+    chosen = links.where(F.col("previous_snapshot_id").isNotNull()).select(
+        F.col("previous_snapshot_id").alias("snapshot_id"), *rp
+    )
+
+    link_rows = links.orderBy(*rp).collect()
+    refusals = []
+    for link in link_rows:
+        if link["previous_snapshot_id"] is not None:
+            continue
+        if link["overlapping"]:
+            refusals.append(_conflict(link, snapshot_id))
+        elif len(link["candidates"]) > 1:
+            refusals.append(
+                f"{_name(link)}: the states of snapshots {', '.join(link['candidates'])} all end at offset "
+                f"{link['previous_last_offset']}, below {snapshot_id}'s first offset {link['first_offset']}, "
+                f"so which one {snapshot_id} continues is ambiguous"
+            )
+    continued = [link for link in link_rows if link["previous_snapshot_id"] is not None]
+    # Only the chosen predecessors' partitions are read whole: the state's cost does not grow with its history.
+    ids = sorted({link["previous_snapshot_id"] for link in continued})
+    if not ids:
+        read = others.where(F.lit(False))
+    elif read_states is None:
+        read = others.where(F.col("snapshot_id").isin(*ids))
+    else:
+        read = read_states(ids).where(F.col("snapshot_id").isin(*ids))
+    context = read.where(F.col("row_kind") == CONTEXT).join(chosen, on=["snapshot_id", *rp], how="inner")
+    versions = read.where(F.col("row_kind") == VERSION).join(chosen, on=["snapshot_id", *rp], how="inner")
+
+    verified, differing = _verify_overlaps(raw, links, continued, snapshot_id)
+    refusals.extend(differing)
+    # The contexts read with their VERSION rows must be the ones chosen: a partition re-written or dropped
+    # (retention) by a concurrent audit between the two reads is refused, never half used.
+    found = {(r["replica"], r["topic"], r["partition"], r["last_offset"]): r["state_rows"]
+             for r in context.select(*rp, "last_offset", "state_rows").collect()} if continued else {}
+    for link in continued:
+        if (link["replica"], link["topic"], link["partition"], link["previous_last_offset"]) not in found:
+            refusals.append(
+                f"{_name(link)}: the state of snapshot {link['previous_snapshot_id']} changed while "
+                f"{snapshot_id} was read (re-materialized or dropped by state retention meanwhile); audit again"
+            )
+    problems = sorted(
+        context_problems(versions, context).collect() if continued else [],
+        key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
+    )
+    by_context: dict[tuple, list[str]] = {}
+    for problem in problems:
+        by_context.setdefault((_name(problem), problem["snapshot_id"]), []).append(
+            f"{problem['problem']}: the context says {problem['expected']}, its VERSION rows give {problem['found']}"
+        )
+    for (name, previous), found_problems in by_context.items():
+        refusals.append(
+            f"{name}: the state of snapshot {previous} does not match its commit context "
+            f"({'; '.join(found_problems)}); it was changed outside an audit"
+        )
+    if refusals:
+        listed = refusals[:MAX_LISTED]
+        if len(refusals) > MAX_LISTED:
+            listed.append(f"... and {len(refusals) - MAX_LISTED} more")
+        raise StateRefused(
+            f"refusing to audit snapshot {snapshot_id} with carried state:\n  - "
+            + "\n  - ".join(listed)
+            + f"\nNo divergence report of {snapshot_id} was written. Re-materialize (or remove from replica_state) "
+            "the snapshot named, so that the predecessor is unambiguous and its state matches its context; a dump "
+            "whose overlap with its predecessor differs is not of the same log, or one of the two was changed."
+        )
+    # The contexts matched their VERSION rows: their state_rows is what will be carried.
+    described = []
+    for link in continued:
+        key = (link["replica"], link["topic"], link["partition"])
+        described.append({
+            **{c: link[c] for c in (*rp, "previous_snapshot_id", "previous_last_offset", "first_offset")},
+            "state_rows": found[(*key, link["previous_last_offset"])],
+            "overlap": verified.get(key),
+        })
+    return PriorState(versions=versions, context=context, links=described)
+
+
+# ----------------------------------------------------------------- retention
+def retained_states(contexts: Iterable[Any], keep: int | None) -> tuple[list[str], list[str]]:
+    """(kept, dropped) snapshot ids of ``replica_state`` under ``state_retention = keep``, from CONTEXT rows.
+
+    ``contexts`` are CONTEXT rows (``snapshot_id``, the replica partition, ``last_offset``)
+    of every snapshot's state, the one just written included. Per replica partition the
+    ``keep`` contexts that end furthest along the log (greatest ``last_offset``) are kept,
+    and any context tied with the last kept one (dropping one of two tied states would
+    turn a refusal into a choice). A snapshot's partition is kept when any of its contexts
+    is, else dropped. ``keep`` None keeps every state.
+    """
+    by_partition: dict[tuple, list[tuple[int, str]]] = {}
+    snapshots = set()
+    for row in contexts:
+        snapshots.add(row["snapshot_id"])
+        key = (row["replica"], row["topic"], row["partition"])
+        by_partition.setdefault(key, []).append((int(row["last_offset"]), row["snapshot_id"]))
+    if keep is None:
+        return sorted(snapshots), []
+    kept = set()
+    for ends in by_partition.values():
+        offsets = sorted((offset for offset, _ in ends), reverse=True)
+        floor = offsets[min(keep, len(offsets)) - 1]
+        kept.update(snapshot for offset, snapshot in ends if offset >= floor)
+    return sorted(kept), sorted(snapshots - kept)
