@@ -14,6 +14,7 @@ from pipelines.reading import (
     read_snapshot_lines,
     venice_cluster_ids,
 )
+from pipelines.push_settings import parse_push_settings
 from pipelines.venice_frame import UnknownPushSettings, unknown_cluster_id_in, unknown_cluster_ids_message
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
@@ -48,7 +49,8 @@ def raw_topic_snapshots(
     files = list_snapshot_files(folder)
     # Raw Venice records, if the snapshot holds any: cluster id -> region from the landing resource.
     with spark.sized_for(files.estimated_rows()) as evaluation:
-        venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms(), landing.push_settings())
+        venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms(),
+                                parse_push_settings(landing.push_settings_file()))
         try:
             lines = read_snapshot_lines(session, folder, venice)
         except UnknownPushSettings as exc:

@@ -13,6 +13,7 @@ import dagster as dg
 from dagster._core.utils import make_new_run_id
 
 from assets.partitions import SNAPSHOTS
+from pipelines.push_settings import parse_push_settings
 from replica_lens.executor import execute_here
 from replica_lens.jobs import AUDIT_JOB
 from replica_lens.steps import STEP_INPUTS
@@ -476,7 +477,7 @@ def audit_snapshots(
     )
     zone.cluster_region_map()  # a malformed map (or uncertainty, or push settings file) is refused before any run
     zone.clock_uncertainty_ms()
-    zone.push_settings()
+    parse_push_settings(zone.push_settings_file())
     skipped: list[dict[str, str]] = []
     if snapshot_id is not None:
         zone.require_complete(snapshot_id)

@@ -18,11 +18,11 @@ from pydantic import Field
 
 from resources.errors import InvalidSetting, SnapshotNotReady
 from resources.filesystem import Location
-from resources.push_settings import PUSH_SETTINGS_ENV, PushSettings, parse_push_settings
 from resources.snapshots import SUCCESS_MARKER, UnsafeNameError, check_snapshot_id
 
 CLUSTER_REGIONS_ENV = "REPLICA_LENS_CLUSTER_REGIONS"
 CLOCK_UNCERTAINTY_ENV = "REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS"
+PUSH_SETTINGS_ENV = "REPLICA_LENS_VENICE_PUSH_SETTINGS"
 
 
 def parse_cluster_regions(text: Optional[str]) -> dict[int, str]:
@@ -97,10 +97,11 @@ class LandingZone(dg.ConfigurableResource):
         text = self.cluster_regions if self.cluster_regions is not None else os.environ.get(CLUSTER_REGIONS_ENV)
         return parse_cluster_regions(text)
 
-    def push_settings(self) -> dict[str, PushSettings]:
-        """The configured push settings per version topic (this resource's file, else the environment's); {} when none."""
+    def push_settings_file(self) -> Optional[str]:
+        """The configured Venice push settings file (this resource's setting, else the environment's), or None;
+        ``pipelines.push_settings.parse_push_settings`` reads it."""
         path = self.venice_push_settings if self.venice_push_settings is not None else os.environ.get(PUSH_SETTINGS_ENV)
-        return parse_push_settings(path)
+        return path or None
 
     def clock_uncertainty_ms(self) -> int:
         """The configured half-width of a Venice heartbeat's clock intervals (this resource's setting, else the

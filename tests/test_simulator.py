@@ -384,7 +384,7 @@ def test_venice_kafka_writes_kafka_source_files_and_exporter_positions_beside_th
     lost for want of a Venice record, or a ground truth without the settings its audit needs."""
     from pipelines.ingest import is_venice_schema
     from pipelines.venice_values import PushSettings
-    from resources.push_settings import parse_push_settings
+    from pipelines.push_settings import parse_push_settings
 
     summary = simulate(tmp_path, "v", SimulationConfig(**SMALL, file_format="venice-kafka"))
     folder = Path(summary["snapshot_dir"])

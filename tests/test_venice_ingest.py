@@ -207,7 +207,7 @@ def test_a_mid_stream_chunked_dump_needs_push_settings_and_names_missing_chunks(
 
     from pipelines.venice_frame import UnknownPushSettings
     from replica_lens.simulator import SimulationConfig, simulate
-    from resources.push_settings import parse_push_settings
+    from pipelines.push_settings import parse_push_settings
 
     # The cut at 146 falls inside a chunked value in both replicas (its chunks before, its manifest after).
     config = SimulationConfig(seed=5, regions=2, partitions=1, keys=30, writes=600, file_format="venice-kafka",
@@ -241,7 +241,7 @@ def test_push_settings_file_is_parsed_strictly(tmp_path):
     """Catches a typo in the settings file (an unknown strategy, a missing dictionary, an unknown field) read as
     some default, which would store compressed bytes as values."""
     from pipelines.venice_values import GZIP, ZSTD_WITH_DICT, PushSettings
-    from resources.push_settings import parse_push_settings
+    from pipelines.push_settings import parse_push_settings
 
     (tmp_path / "v7.dict").write_bytes(b"DICT")
     good = tmp_path / "good.json"
@@ -264,12 +264,13 @@ def test_push_settings_reach_the_landing_resource_from_its_field_or_the_environm
     """Catches REPLICA_LENS_VENICE_PUSH_SETTINGS (or the resource's field, which wins) not reaching the ingestion."""
     from pipelines.venice_values import GZIP, NO_OP, PushSettings
     from resources.landing import LandingZone
-    from resources.push_settings import PUSH_SETTINGS_ENV
+    from pipelines.push_settings import parse_push_settings
+    from resources.landing import PUSH_SETTINGS_ENV
 
     (tmp_path / "env.json").write_text('{"a_v1": {"compression": "GZIP"}}')
     (tmp_path / "field.json").write_text('{"a_v1": {"compression": "NO_OP", "chunked": true}}')
-    assert LandingZone(root="landing").push_settings() == {}
+    assert LandingZone(root="landing").push_settings_file() is None
     monkeypatch.setenv(PUSH_SETTINGS_ENV, str(tmp_path / "env.json"))
-    assert LandingZone(root="landing").push_settings() == {"a_v1": PushSettings(False, GZIP)}
+    assert parse_push_settings(LandingZone(root="landing").push_settings_file()) == {"a_v1": PushSettings(False, GZIP)}
     field = LandingZone(root="landing", venice_push_settings=str(tmp_path / "field.json"))
-    assert field.push_settings() == {"a_v1": PushSettings(True, NO_OP)}
+    assert parse_push_settings(field.push_settings_file()) == {"a_v1": PushSettings(True, NO_OP)}

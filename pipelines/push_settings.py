@@ -26,7 +26,6 @@ from pathlib import Path
 from pipelines.venice_values import COMPRESSION_NAMES, ZSTD_WITH_DICT, PushSettings
 from resources.errors import InvalidSetting
 
-PUSH_SETTINGS_ENV = "REPLICA_LENS_VENICE_PUSH_SETTINGS"
 _BY_NAME = {name: number for number, name in COMPRESSION_NAMES.items()}
 _FIELDS = {"compression", "chunked", "dictionary_file", "dictionary_base64"}
 
