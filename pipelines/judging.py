@@ -169,6 +169,10 @@ def _raw_position(typed: Column) -> list[Column]:
     return fields
 
 
+# The columns of a line carried through the checks: the line itself, its parse and the decoder's reason.
+_CARRIED = ("source_file", "raw", "read_error", "decoded_reason", "typed", "all_fields")
+
+
 def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
     """Every line parsed, with its first problem as ``reason`` (null when none) and all of them in ``detail``.
 
@@ -203,12 +207,7 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
     known_fields = sum(fields[name].isNotNull().cast(T.IntegerType()) for name in MESSAGE_FIELDS)
     flagged = (
         parsed.select(
-            "source_file",
-            "raw",
-            "read_error",
-            "decoded_reason",
-            "typed",
-            "all_fields",
+            *_CARRIED,
             *_field_flags(fields, typed),
             (F.size(fields) > known_fields).alias("has_extra_fields"),
         )
@@ -217,12 +216,7 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
     )
     listed = _problem_lists(fields, typed, F.col("kind_text"))
     with_problems = flagged.select(
-        "source_file",
-        "raw",
-        "read_error",
-        "decoded_reason",
-        "typed",
-        "all_fields",
+        *_CARRIED,
         "has_extra_fields",
         *_raw_position(typed),
         # Null when the row has no problem of that kind.
