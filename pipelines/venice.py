@@ -301,12 +301,9 @@ def decode_record(
                 return _out("quarantined", "MALFORMED_RECORD")
     put_value = None
     if mt == MT_PUT and manifest is None:
-        try:
-            put_value = values.decompress(push, bytes(payload["putValue"]))
-        except values.UnsupportedCompression:
-            return _out("quarantined", "COMPRESSED_VALUE")
-        except values.CorruptValue:
-            return _out("quarantined", "UNDECOMPRESSABLE_VALUE")
+        put_value, refused = _decompressed(push, bytes(payload["putValue"]))
+        if refused:
+            return _out("quarantined", refused)
     footer = env.get("leaderMetadataFooter")
     if isinstance(footer, tuple):
         footer = footer[1]
@@ -340,6 +337,16 @@ def decode_record(
     return _out("row", None, row)
 
 
+def _decompressed(push: PushSettings, data: bytes) -> tuple[bytes | None, str | None]:
+    """(the value as written, None), or (None, the quarantine reason when it cannot be decompressed)."""
+    try:
+        return values.decompress(push, data), None
+    except values.UnsupportedCompression:
+        return None, "COMPRESSED_VALUE"
+    except values.CorruptValue:
+        return None, "UNDECOMPRESSABLE_VALUE"
+
+
 def assemble_manifest(decoded: dict, chunks: dict[bytes, bytes], push: PushSettings) -> dict:
     """A manifest's outcome (``decode_record``'s "manifest") with its chunks (chunk key -> bytes, those of
     the dump under the manifest's keys) -> the logical PUT at the manifest's position: the reassembled,
@@ -361,12 +368,9 @@ def assemble_manifest(decoded: dict, chunks: dict[bytes, bytes], push: PushSetti
         out["missing"] = (f"{len(manifest['keys'])} value chunks, {len(described)} not in the dump: "
                           + ", ".join(described))
         return out
-    try:
-        value = values.decompress(push, data)
-    except values.UnsupportedCompression:
-        return _out("quarantined", "COMPRESSED_VALUE")
-    except values.CorruptValue:
-        return _out("quarantined", "UNDECOMPRESSABLE_VALUE")
+    value, refused = _decompressed(push, data)
+    if refused:
+        return _out("quarantined", refused)
     if rmd is not None:
         try:
             row["write_ts"] = rmd_write_ts(decoded["row"]["rmd_version_id"], rmd)

@@ -172,6 +172,10 @@ class _Leader:
         """Write a data row (after a due or same-key pending duplicate) and return its offset."""
         if self.dup is not None and (self.dup["due"] <= self.rows or self.dup["row"][0] == k):
             self._flush_dup()
+        return self._write(k, val, region, soff, wts)
+
+    def _write(self, k, val, region, soff, wts) -> int:
+        """Write a data row at the next offset; return it."""
         off = self._take(k, val)
         self.sink.data(off, self.epoch, k, val, region, soff, wts)
         if self.seg is not None:
@@ -196,12 +200,7 @@ class _Leader:
     def _flush_dup(self) -> None:
         dup, self.dup = self.dup, None
         k, val, region, soff, wts = dup["row"]
-        off = self._take(k, val)
-        self.sink.data(off, self.epoch, k, val, region, soff, wts)
-        if self.seg is not None:
-            self.seg.append((off, region, soff))
-        if off >= self.next_report:
-            self._report()
+        off = self._write(k, val, region, soff, wts)
         cur = self.win[k]
         self.win[k] = (cur[0], cur[1], cur[2], off)
         self.recent = []
