@@ -59,6 +59,10 @@ from typing import Iterator
 from pyspark.sql import SparkSession
 
 OUTPUT_ROWS = "number of output rows"
+# The classes the status store keeps jobs, stages and SQL executions as (one KVStore holds all three).
+_JOB = "org.apache.spark.status.JobDataWrapper"
+_STAGE = "org.apache.spark.status.StageDataWrapper"
+_EXECUTION = "org.apache.spark.sql.execution.ui.SQLExecutionUIData"
 FINISH_WAIT_SECONDS = 30
 # A frame ``(x, unboundedfollowing)`` with x anything but unboundedpreceding, as printed in a physical plan.
 _UNBOUNDED_FOLLOWING_FRAME = re.compile(
@@ -101,14 +105,42 @@ class _Stores:
         self.app = self.context.statusStore()
         self.sql = spark._jsparkSession.sharedState().statusStore()  # noqa: SLF001
         self.gateway = spark.sparkContext._gateway  # noqa: SLF001
-        self.tracker = spark.sparkContext.statusTracker()
 
     def drain(self) -> None:
         """Wait until every listener has seen every event posted so far."""
         self.context.listenerBus().waitUntilEmpty()
 
-    def executions(self) -> list:
-        return _seq(self.sql.executionsList())
+    def _newest(self, wrapper: str, key, after: int | None) -> list:
+        """The entries of one kind of the status store whose key is above ``after``, newest first
+        (``after=None``: the newest entry alone, or none).
+
+        The store keeps its entries sorted by their natural key (job, stage or execution id), so
+        a reverse view reads only the block's own entries: listing every entry instead (what the
+        status tracker and ``stageList`` do) costs a py4j call per entry the application ever
+        ran, thousands late in the suite, on every measured block.
+        """
+        jvm = self.gateway.jvm
+        cls = jvm.java.lang.Class.forName(wrapper, True, jvm.java.lang.Thread.currentThread().getContextClassLoader())
+        entries = self.app.store().view(cls).reverse().closeableIterator()
+        found = []
+        try:
+            while entries.hasNext():
+                entry = entries.next()
+                if after is not None and key(entry) <= after:
+                    break
+                found.append(entry)
+                if after is None:
+                    break
+        finally:
+            entries.close()
+        return found
+
+    def last_execution_id(self) -> int:
+        newest = self._newest(_EXECUTION, lambda e: e.executionId(), None)
+        return newest[0].executionId() if newest else -1
+
+    def executions_after(self, after: int) -> list:
+        return self._newest(_EXECUTION, lambda e: e.executionId(), after)
 
     def finished_executions(self, after: int) -> list:
         """The executions above id ``after``, once the store holds each one's end and final metrics.
@@ -118,7 +150,7 @@ class _Stores:
         """
         deadline = time.monotonic() + FINISH_WAIT_SECONDS
         while True:
-            executions = [e for e in self.executions() if e.executionId() > after]
+            executions = self.executions_after(after)
             pending = [e.executionId() for e in executions if e.completionTime().isEmpty() or e.metricValues() is None]
             if not pending:
                 return executions
@@ -126,13 +158,20 @@ class _Stores:
                 raise RuntimeError(f"SQL executions {pending} have no end recorded: still running?")
             time.sleep(0.05)
 
-    def job_ids(self) -> list[int]:
-        return list(self.tracker.getJobIdsForGroup(None))
+    def last_job_id(self) -> int:
+        newest = self._newest(_JOB, lambda j: j.info().jobId(), None)
+        return newest[0].info().jobId() if newest else -1
 
-    def stages(self) -> list:
-        no_quantiles = self.gateway.new_array(self.gateway.jvm.double, 0)
-        every_status = self.gateway.jvm.java.util.ArrayList()
-        return _seq(self.app.stageList(every_status, False, False, no_quantiles, every_status))
+    def jobs_after(self, after: int) -> int:
+        return len(self._newest(_JOB, lambda j: j.info().jobId(), after))
+
+    def last_stage_id(self) -> int:
+        newest = self._newest(_STAGE, lambda s: s.info().stageId(), None)
+        return newest[0].info().stageId() if newest else -1
+
+    def stages_after(self, after: int) -> list:
+        """Every attempt of every stage above id ``after`` (the API's ``StageData``)."""
+        return [wrapper.info() for wrapper in self._newest(_STAGE, lambda s: s.info().stageId(), after)]
 
 
 def _output_rows(stores: _Stores, execution) -> int:
@@ -163,15 +202,15 @@ def measure_work(spark: SparkSession) -> Iterator[Work]:
     """Count the work of every Spark job the block runs; ``Work`` is filled in when the block ends."""
     stores = _Stores(spark)
     stores.drain()
-    last_execution = max((e.executionId() for e in stores.executions()), default=-1)
-    last_stage = max((s.stageId() for s in stores.stages()), default=-1)
-    last_job = max(stores.job_ids(), default=-1)
+    last_execution = stores.last_execution_id()
+    last_stage = stores.last_stage_id()
+    last_job = stores.last_job_id()
     work = Work()
     yield work
     stores.drain()
-    work.jobs = sum(1 for job in stores.job_ids() if job > last_job)
+    work.jobs = stores.jobs_after(last_job)
     executions = stores.finished_executions(last_execution)
-    stages = [s for s in stores.stages() if s.stageId() > last_stage]
+    stages = stores.stages_after(last_stage)
     _contiguous([e.executionId() for e in executions], last_execution, "SQL executions")
     _contiguous(sorted({s.stageId() for s in stages}), last_stage, "stages")
     work.executions = len(executions)
