@@ -2,10 +2,13 @@
 
 Paths and Spark settings come from the environment through ``EnvVar`` when a run
 starts, never at import time (``dagster dev`` reads them from ``.env``). The CLI builds
-the same definitions with explicit values through ``build_definitions``.
+the same definitions with explicit values through ``build_definitions``. The one setting
+read when the definitions are built is the landing sensor's interval: Dagster schedules a
+sensor from its definition.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional, Union
 
 import dagster as dg
@@ -13,8 +16,10 @@ import dagster as dg
 from assets import divergence, ingest, operations, trend, watermarks
 from replica_lens.executor import threaded_in_process_executor
 from replica_lens.jobs import (
+    LANDING_SENSOR_INTERVAL_ENV,
     audit_snapshot,
-    landing_sensor,
+    build_landing_sensor,
+    landing_sensor_interval,
     reaudit_newest_snapshot,
     refresh_trend,
     trend_after_audit,
@@ -42,13 +47,19 @@ def build_definitions(
     delta_engine: str = "auto",
     spark_log_level: str = "ERROR",
     interpreted_max_rows: int = INTERPRETED_MAX_ROWS,
+    landing_sensor_interval_s: Optional[int] = None,
 ) -> dg.Definitions:
+    """The code location's definitions. ``landing_sensor_interval_s`` (None: the environment's
+    ``REPLICA_LENS_LANDING_SENSOR_INTERVAL_S``, else 30) is read here, when the definitions are
+    built: Dagster schedules a sensor's evaluations from its definition."""
+    if landing_sensor_interval_s is None:
+        landing_sensor_interval_s = landing_sensor_interval(os.environ.get(LANDING_SENSOR_INTERVAL_ENV))
     return dg.Definitions(
         assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations, trend]),
         asset_checks=[divergence.no_proven_divergence, operations.lag_within_bounds, operations.exporters_within_bounds],
         jobs=[audit_snapshot, refresh_trend, vacuum_warehouse],
         schedules=[reaudit_newest_snapshot, vacuum_warehouse_daily],
-        sensors=[landing_sensor, trend_after_audit],
+        sensors=[build_landing_sensor(landing_sensor_interval_s), trend_after_audit],
         resources={
             "spark": SparkResource(
                 master=spark_master,

@@ -1,5 +1,7 @@
 """Jobs, sensors and schedules of the code location."""
 
+from typing import Optional
+
 import dagster as dg
 from pydantic import Field
 
@@ -7,9 +9,12 @@ from assets.partitions import SNAPSHOTS, snapshot_partitions
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from replica_lens.executor import threaded_in_process_executor
+from resources.errors import InvalidSetting
 from resources.tuning import DEFAULT_RETENTION_HOURS
 
 AUDIT_JOB = "audit_snapshot"
+LANDING_SENSOR_INTERVAL_ENV = "REPLICA_LENS_LANDING_SENSOR_INTERVAL_S"
+DEFAULT_LANDING_SENSOR_INTERVAL_S = 30
 
 # Every per-snapshot asset, run in one process so that Spark starts once per run, with
 # independent steps side by side on threads (replica_lens/executor.py).
@@ -22,25 +27,48 @@ audit_snapshot = dg.define_asset_job(
 )
 
 
-@dg.sensor(
-    job_name=AUDIT_JOB,
-    minimum_interval_seconds=30,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Registers every complete snapshot folder (with _SUCCESS) in the landing zone and audits it.",
-)
-def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingZone) -> dg.SensorResult:
-    scan = landing.scan()
-    known = set(context.instance.get_dynamic_partitions(SNAPSHOTS))
-    new = [snapshot_id for snapshot_id in scan.complete if snapshot_id not in known]
-    for name in scan.refused:
-        context.log.warning(f"ignoring landing folder {name!r}: not a safe snapshot id")
-    if not new:
-        waiting = f"; {len(scan.incomplete)} still being written" if scan.incomplete else ""
-        return dg.SensorResult(skip_reason=f"no new complete snapshot in {landing.root}{waiting}")
-    return dg.SensorResult(
-        run_requests=[dg.RunRequest(partition_key=snapshot_id, run_key=snapshot_id) for snapshot_id in new],
-        dynamic_partitions_requests=[snapshot_partitions.build_add_request(new)],
+def landing_sensor_interval(text: Optional[str]) -> int:
+    """Seconds between two looks of the landing sensor: ``text`` (the environment's
+    ``REPLICA_LENS_LANDING_SENSOR_INTERVAL_S``), a whole number of at least 1, else 30."""
+    if text is None or not text.strip():
+        return DEFAULT_LANDING_SENSOR_INTERVAL_S
+    try:
+        seconds = int(text.strip())
+    except ValueError:
+        seconds = 0
+    if seconds < 1:
+        raise InvalidSetting(f"{LANDING_SENSOR_INTERVAL_ENV} must be a whole number of seconds, at least 1; got {text!r}")
+    return seconds
+
+
+def build_landing_sensor(minimum_interval_seconds: int = DEFAULT_LANDING_SENSOR_INTERVAL_S) -> dg.SensorDefinition:
+    """The landing sensor, looking at the landing zone at most every ``minimum_interval_seconds``."""
+
+    @dg.sensor(
+        name="landing_sensor",
+        job_name=AUDIT_JOB,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Registers every complete snapshot folder (with _SUCCESS) in the landing zone and audits it.",
     )
+    def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingZone) -> dg.SensorResult:
+        scan = landing.scan()
+        known = set(context.instance.get_dynamic_partitions(SNAPSHOTS))
+        new = [snapshot_id for snapshot_id in scan.complete if snapshot_id not in known]
+        for name in scan.refused:
+            context.log.warning(f"ignoring landing folder {name!r}: not a safe snapshot id")
+        if not new:
+            waiting = f"; {len(scan.incomplete)} still being written" if scan.incomplete else ""
+            return dg.SensorResult(skip_reason=f"no new complete snapshot in {landing.root}{waiting}")
+        return dg.SensorResult(
+            run_requests=[dg.RunRequest(partition_key=snapshot_id, run_key=snapshot_id) for snapshot_id in new],
+            dynamic_partitions_requests=[snapshot_partitions.build_add_request(new)],
+        )
+
+    return landing_sensor
+
+
+landing_sensor = build_landing_sensor()
 
 
 TREND_JOB = "refresh_trend"

@@ -80,3 +80,28 @@ def test_an_incomplete_snapshot_is_refused_with_a_clear_error(tmp_path):
     _snapshot(tmp_path, "half", complete=False)
     with pytest.raises(FileNotFoundError, match="incomplete"):
         LandingZone(root=str(tmp_path)).require_complete("half")
+
+
+def test_the_sensor_interval_comes_from_the_environment_and_a_bad_one_is_refused(monkeypatch):
+    # Catches: the setting ignored (the sensor stays at 30 s whatever the operator sets), read at
+    # import time instead of when the definitions are built, or a zero / negative / fractional
+    # interval accepted (Dagster would evaluate the sensor in a busy loop or fail at load).
+    from replica_lens.definitions import build_definitions
+    from replica_lens.jobs import DEFAULT_LANDING_SENSOR_INTERVAL_S, LANDING_SENSOR_INTERVAL_ENV, landing_sensor_interval
+    from resources.errors import InvalidSetting
+
+    def interval(defs: dg.Definitions) -> int:
+        return defs.resolve_sensor_def("landing_sensor").minimum_interval_seconds
+
+    monkeypatch.delenv(LANDING_SENSOR_INTERVAL_ENV, raising=False)
+    assert interval(build_definitions()) == DEFAULT_LANDING_SENSOR_INTERVAL_S == 30
+    monkeypatch.setenv(LANDING_SENSOR_INTERVAL_ENV, " 7 ")
+    assert interval(build_definitions()) == 7
+    assert interval(build_definitions(landing_sensor_interval_s=11)) == 11
+    assert landing_sensor_interval("") == landing_sensor_interval(None) == 30
+    for bad in ("0", "-5", "2.5", "soon"):
+        with pytest.raises(InvalidSetting, match=f"{LANDING_SENSOR_INTERVAL_ENV} must be a whole number"):
+            landing_sensor_interval(bad)
+        monkeypatch.setenv(LANDING_SENSOR_INTERVAL_ENV, bad)
+        with pytest.raises(InvalidSetting):
+            build_definitions()

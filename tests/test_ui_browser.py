@@ -37,6 +37,8 @@ def test_the_landing_sensor_audits_a_dropped_snapshot_and_the_ui_shows_it(dagste
     assert not ui.audit_runs(dev, ui.SNAPSHOT), "an audit run exists before the snapshot was dropped"
     state = ui.sensor_state(dev)
     assert state["status"] == "RUNNING", f"the landing sensor should be on by default: {state['status']}"
+    # Its interval comes from REPLICA_LENS_LANDING_SENSOR_INTERVAL_S in the server's environment.
+    assert state["minIntervalSeconds"] == ui.SENSOR_INTERVAL_S, state["minIntervalSeconds"]
 
     written = ui.drop_snapshot(dev, ui.SNAPSHOT)
     run = ui.wait_for_sensor_run(dev, ui.SNAPSHOT)

@@ -58,6 +58,7 @@ SERVER_TIMEOUT_S = 120
 LOCATION_TIMEOUT_S = 180
 # The landing sensor ticks every 30 s; the daemon may need a while to load the code location
 # on a busy machine before its first tick. Past this, the sensor is taken to be broken.
+SENSOR_INTERVAL_S = 3
 SENSOR_TIMEOUT_S = 240
 # One audit starts a Spark JVM and runs every stage: 1-3 minutes on a small shared machine, more when busy.
 RUN_TIMEOUT_S = 600
@@ -186,6 +187,8 @@ def dagster_dev(root: Path) -> Iterator[DagsterDev]:
         "REPLICA_LENS_SPARK_MASTER": "local[2]",
         "REPLICA_LENS_DELTA_JARS": "",
         "PYSPARK_PYTHON": sys.executable,
+        # The sensor looks every few seconds instead of every 30: the snapshot dropped is picked up soon.
+        "REPLICA_LENS_LANDING_SENSOR_INTERVAL_S": str(SENSOR_INTERVAL_S),
     }
     with log_path.open("w", encoding="utf-8") as log:
         process = subprocess.Popen(
@@ -261,17 +264,18 @@ def audit_runs(dev: DagsterDev, snapshot_id: str) -> list[dict[str, Any]]:
 
 
 SENSOR_TICKS_QUERY = """query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) {
-    __typename ... on Sensor { sensorState { status ticks(limit: 20) {
+    __typename ... on Sensor { minIntervalSeconds sensorState { status ticks(limit: 20) {
         status timestamp runIds runKeys skipReason error { message } } } }
     ... on SensorNotFoundError { message } ... on PythonError { message } } }"""
 
 
 def sensor_state(dev: DagsterDev, sensor: str = LANDING_SENSOR) -> dict[str, Any]:
-    """The sensor's status (RUNNING/STOPPED) and its latest ticks, as the daemon recorded them."""
+    """The sensor's status (RUNNING/STOPPED), its latest ticks as the daemon recorded them, and its
+    interval (``minIntervalSeconds``) as the code location defines it."""
     found = dev.graphql(SENSOR_TICKS_QUERY, {"s": {**dev.repository, "sensorName": sensor}})["sensorOrError"]
     if found["__typename"] != "Sensor":
         raise UiCheckFailed(f"sensor {sensor} not found: {found}")
-    return found["sensorState"]
+    return {**found["sensorState"], "minIntervalSeconds": found["minIntervalSeconds"]}
 
 
 def _describe_ticks(state: dict[str, Any]) -> str:
@@ -299,7 +303,7 @@ def wait_for_sensor_run(dev: DagsterDev, snapshot_id: str = SNAPSHOT, timeout_s:
                 f"of its _SUCCESS appearing in {dev.landing}; runs of the job for it: "
                 f"{audit_runs(dev, snapshot_id)}\n{_describe_ticks(sensor_state(dev))}"
             )
-        time.sleep(3)
+        time.sleep(1)
 
 
 def sensor_tick_of(dev: DagsterDev, run_id: str, timeout_s: float = 60) -> Optional[dict[str, Any]]:
@@ -311,7 +315,7 @@ def sensor_tick_of(dev: DagsterDev, run_id: str, timeout_s: float = 60) -> Optio
         tick = next((t for t in sensor_state(dev)["ticks"] if run_id in t["runIds"]), None)
         if tick is not None or time.monotonic() > deadline:
             return tick
-        time.sleep(2)
+        time.sleep(1)
 
 
 def _failure_messages(dev: DagsterDev, run_id: str) -> str:
@@ -343,7 +347,7 @@ def wait_for_success(dev: DagsterDev, run_id: str, timeout_s: float = RUN_TIMEOU
             raise dev.fail(f"audit run {run_id} ended {run['status']}:\n{_failure_messages(dev, run_id)}")
         if time.monotonic() > deadline:
             raise dev.fail(f"audit run {run_id} still {run['status']} after {timeout_s:.0f} s")
-        time.sleep(5)
+        time.sleep(1)
 
 
 def materialization_metadata(dev: DagsterDev, asset: str) -> tuple[str, str, dict[str, Any]]:
