@@ -5,5 +5,8 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # Debian's Chromium for the browser test (skipped, with the reason, where it cannot be installed).
 ./scripts/setup-browser.sh
+# Two workers (pytest-xdist), each test file whole on one of them: its module fixtures are
+# built once. Files go out in the order tests/conftest.py gives them (the longest first), not
+# xdist's (the most tests first). `./scripts/test.sh -n 0` runs everything in this one process.
 # The 15 slowest tests are listed at the end of every run, so that a test that grows slow shows.
-exec .venv/bin/python -m pytest --durations=15 "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 "$@"
