@@ -68,9 +68,6 @@ def build_landing_sensor(minimum_interval_seconds: int = DEFAULT_LANDING_SENSOR_
     return landing_sensor
 
 
-landing_sensor = build_landing_sensor()
-
-
 TREND_JOB = "refresh_trend"
 
 refresh_trend = dg.define_asset_job(

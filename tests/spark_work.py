@@ -59,10 +59,11 @@ from typing import Iterator
 from pyspark.sql import SparkSession
 
 OUTPUT_ROWS = "number of output rows"
-# The classes the status store keeps jobs, stages and SQL executions as (one KVStore holds all three).
-_JOB = "org.apache.spark.status.JobDataWrapper"
-_STAGE = "org.apache.spark.status.StageDataWrapper"
-_EXECUTION = "org.apache.spark.sql.execution.ui.SQLExecutionUIData"
+# The classes the status store keeps jobs, stages and SQL executions as (one KVStore holds all
+# three), each with the id it sorts them by.
+_JOBS = ("org.apache.spark.status.JobDataWrapper", lambda job: job.info().jobId())
+_STAGES = ("org.apache.spark.status.StageDataWrapper", lambda stage: stage.info().stageId())
+_EXECUTIONS = ("org.apache.spark.sql.execution.ui.SQLExecutionUIData", lambda execution: execution.executionId())
 FINISH_WAIT_SECONDS = 30
 # A frame ``(x, unboundedfollowing)`` with x anything but unboundedpreceding, as printed in a physical plan.
 _UNBOUNDED_FOLLOWING_FRAME = re.compile(
@@ -110,37 +111,34 @@ class _Stores:
         """Wait until every listener has seen every event posted so far."""
         self.context.listenerBus().waitUntilEmpty()
 
-    def _newest(self, wrapper: str, key, after: int | None) -> list:
-        """The entries of one kind of the status store whose key is above ``after``, newest first
-        (``after=None``: the newest entry alone, or none).
+    def above(self, kind: tuple, after: int, limit: int | None = None) -> list:
+        """The status store's entries of ``kind`` (``_JOBS``, ``_STAGES``, ``_EXECUTIONS``) whose id is
+        above ``after``, newest first, at most ``limit`` of them.
 
-        The store keeps its entries sorted by their natural key (job, stage or execution id), so
-        a reverse view reads only the block's own entries: listing every entry instead (what the
-        status tracker and ``stageList`` do) costs a py4j call per entry the application ever
-        ran, thousands late in the suite, on every measured block.
+        The store keeps its entries sorted by id, so a reverse view reads only the block's own
+        entries: listing every entry instead (what the status tracker and ``stageList`` do) costs
+        a py4j call per entry the application ever ran, thousands late in the suite, on every
+        measured block.
         """
+        wrapper, key = kind
         jvm = self.gateway.jvm
         cls = jvm.java.lang.Class.forName(wrapper, True, jvm.java.lang.Thread.currentThread().getContextClassLoader())
         entries = self.app.store().view(cls).reverse().closeableIterator()
         found = []
         try:
-            while entries.hasNext():
+            while entries.hasNext() and (limit is None or len(found) < limit):
                 entry = entries.next()
-                if after is not None and key(entry) <= after:
+                if key(entry) <= after:
                     break
                 found.append(entry)
-                if after is None:
-                    break
         finally:
             entries.close()
         return found
 
-    def last_execution_id(self) -> int:
-        newest = self._newest(_EXECUTION, lambda e: e.executionId(), None)
-        return newest[0].executionId() if newest else -1
-
-    def executions_after(self, after: int) -> list:
-        return self._newest(_EXECUTION, lambda e: e.executionId(), after)
+    def newest_id(self, kind: tuple) -> int:
+        """The largest id of ``kind`` in the store (-1: none yet)."""
+        newest = self.above(kind, -1, limit=1)
+        return kind[1](newest[0]) if newest else -1
 
     def finished_executions(self, after: int) -> list:
         """The executions above id ``after``, once the store holds each one's end and final metrics.
@@ -150,28 +148,13 @@ class _Stores:
         """
         deadline = time.monotonic() + FINISH_WAIT_SECONDS
         while True:
-            executions = self.executions_after(after)
+            executions = self.above(_EXECUTIONS, after)
             pending = [e.executionId() for e in executions if e.completionTime().isEmpty() or e.metricValues() is None]
             if not pending:
                 return executions
             if time.monotonic() > deadline:
                 raise RuntimeError(f"SQL executions {pending} have no end recorded: still running?")
             time.sleep(0.05)
-
-    def last_job_id(self) -> int:
-        newest = self._newest(_JOB, lambda j: j.info().jobId(), None)
-        return newest[0].info().jobId() if newest else -1
-
-    def jobs_after(self, after: int) -> int:
-        return len(self._newest(_JOB, lambda j: j.info().jobId(), after))
-
-    def last_stage_id(self) -> int:
-        newest = self._newest(_STAGE, lambda s: s.info().stageId(), None)
-        return newest[0].info().stageId() if newest else -1
-
-    def stages_after(self, after: int) -> list:
-        """Every attempt of every stage above id ``after`` (the API's ``StageData``)."""
-        return [wrapper.info() for wrapper in self._newest(_STAGE, lambda s: s.info().stageId(), after)]
 
 
 def _output_rows(stores: _Stores, execution) -> int:
@@ -202,15 +185,15 @@ def measure_work(spark: SparkSession) -> Iterator[Work]:
     """Count the work of every Spark job the block runs; ``Work`` is filled in when the block ends."""
     stores = _Stores(spark)
     stores.drain()
-    last_execution = stores.last_execution_id()
-    last_stage = stores.last_stage_id()
-    last_job = stores.last_job_id()
+    last_execution = stores.newest_id(_EXECUTIONS)
+    last_stage = stores.newest_id(_STAGES)
+    last_job = stores.newest_id(_JOBS)
     work = Work()
     yield work
     stores.drain()
-    work.jobs = stores.jobs_after(last_job)
+    work.jobs = len(stores.above(_JOBS, last_job))
     executions = stores.finished_executions(last_execution)
-    stages = stores.stages_after(last_stage)
+    stages = [wrapper.info() for wrapper in stores.above(_STAGES, last_stage)]  # every attempt, as StageData
     _contiguous([e.executionId() for e in executions], last_execution, "SQL executions")
     _contiguous(sorted({s.stageId() for s in stages}), last_stage, "stages")
     work.executions = len(executions)

@@ -5,7 +5,7 @@ import dagster as dg
 import pytest
 
 from assets.partitions import SNAPSHOTS
-from replica_lens.jobs import landing_sensor
+from replica_lens.jobs import build_landing_sensor
 from resources.delta_store import UnsafeNameError
 from resources.landing import LandingZone
 
@@ -20,7 +20,7 @@ def _snapshot(root, name: str, complete: bool = True) -> None:
 
 def _evaluate(instance, landing_root):
     context = dg.build_sensor_context(instance=instance, resources={"landing": LandingZone(root=str(landing_root))})
-    return landing_sensor(context)
+    return build_landing_sensor()(context)
 
 
 def test_only_complete_snapshots_are_registered_and_requested(tmp_path):
