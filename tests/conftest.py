@@ -5,6 +5,9 @@ import os
 
 import pytest
 
+from tests.examples import register_profiles
+
+register_profiles()  # before pytest's Hypothesis plugin loads --hypothesis-profile (tests/examples.py)
 os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
 
 # The test files that take longest, longest first (`pytest --durations=0`, summed per file). The

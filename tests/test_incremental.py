@@ -5,7 +5,8 @@ partition's rows below its cut (with START_OF_PUSH), S2 the rest, as a later mid
 dump would. Every scenario is its own topic, and all of them go through the divergence
 stage once (module fixture ``audits``): S1, then S2 with S1's state, S2 alone (no state)
 and S3, the whole streams as one snapshot. Overlapping dumps re-read S1's last offsets
-(``rereading``) and are compared with the same dumps trimmed by hand. The Dagster tests
+(``rereading``) and are compared with the same dumps trimmed by hand; a chain of them, each
+re-reading the one before, is tests/test_state_bounded.py's. The Dagster tests
 audit S2 through ``run_audit`` on a warehouse holding S1's state, re-materialize it, tamper
 with the state, and audit an S2 that re-reads S1's last offsets.
 """
@@ -491,29 +492,6 @@ def test_an_overlap_differing_only_in_bookkeeping_columns_or_vector_order_is_ver
     overlaps = {link["replica"]: link["overlap"] for link in prior.links}
     assert overlaps == {A: {"first_offset": 2, "last_offset": 4, "offsets": 3, "rows_verified": 3},
                         B: {"first_offset": 2, "last_offset": 3, "offsets": 2, "rows_verified": 2}}
-
-
-def test_a_chain_of_overlapping_dumps_gives_the_audits_of_the_dumps_trimmed_by_hand(spark, audits):
-    # Clean and faulty only: orders' and late_p's streams are too short for three dumps.
-    rows = [r for r in audits.rows if r["topic"] in ("clean", "faulty")]
-    s1_rows = [r for r in audits.s1_rows if r["topic"] in ("clean", "faulty")]
-    s1_offsets, offsets = offsets_of(s1_rows), offsets_of(rows)
-    cut = {p: o[len(s1_offsets[p])] for p, o in offsets.items()}
-    mid = {p: o[(len(s1_offsets[p]) + len(o)) // 2] for p, o in offsets.items()}
-    s2_rows, s3_rows = dump_between(rows, cut, mid), dump_between(rows, mid)
-    # S2 re-reads S1's last offsets, S3 S2's: S3 overlaps S2's state only.
-    s2 = audit(spark, rereading(s1_rows, s2_rows), "s2", audits.s1.state, audits.s1.raw)
-    s3 = audit(spark, rereading(s2_rows, s3_rows), "s3", audits.s1.state.unionByName(s2.state),
-               audits.s1.raw.unionByName(s2.raw))
-    assert {(link["previous_snapshot_id"], link["overlap"]["offsets"]) for link in s3.prior.links} == {("s2", 2)}
-    trimmed_s2 = audit(spark, s2_rows, "s2", audits.s1.state)
-    trimmed_s3 = audit(spark, s3_rows, "s3", audits.s1.state.unionByName(trimmed_s2.state))
-    assert sorted(map(str, s3.reports)) == sorted(map(str, trimmed_s3.reports))
-    assert sorted(map(str, s3.summary)) == sorted(map(str, trimmed_s3.summary))
-    assert any(r["verdict"] in PROVEN for r in s3.reports), "faults last written before S3 are proven"
-    assert without(s3.state, "first_offset") == without(trimmed_s3.state, "first_offset")
-    contexts = s3.state.where(F.col("row_kind") == CONTEXT).collect()
-    assert {(c["previous_snapshot_id"], c["stream_first_offset"]) for c in contexts} == {("s2", 0)}
 
 
 def test_the_snapshots_own_state_is_ignored_so_rematerializing_it_uses_the_state_before_it(spark, audits):

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pipelines.ingest import accounting_from_tables, judge_rows, read_snapshot_lines, validate_rows
 from schemas.raw import KINDS, MESSAGE_FIELDS, NON_NEGATIVE, QUARANTINE_REASONS, RawTopicQuarantine, RawTopicSnapshots
 from schemas.validation import validation_errors
+from tests.examples import examples
 from tests.test_ingest import spec_arrow_schema, write_parquet
 
 SNAPSHOT = "fuzz"
@@ -328,7 +329,7 @@ def _odd_snapshot() -> dict:
 
 
 @settings(
-    max_examples=6,
+    max_examples=examples(6),
     deadline=None,
     # A failing example is reported as found: shrinking Spark-backed examples takes minutes.
     phases=(Phase.explicit, Phase.reuse, Phase.generate),

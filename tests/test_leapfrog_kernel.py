@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.leapfrog import earliest_proofs
+from tests.examples import examples
 
 
 def _side(rng: random.Random, count: int, regions: int) -> list[dict]:
@@ -66,7 +67,7 @@ def _search(rows: list[dict], regions: int) -> list[tuple[int, int, int]]:
     return list(zip(groups.tolist(), w_idx.tolist(), v_idx.tolist()))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), regions=st.integers(1, 3))
 def test_the_vectorized_search_finds_exactly_the_first_proof_of_every_group(seed, regions):
     # Catches: groups mixed up (keys or pairs sharing a rank array), an off-by-one between

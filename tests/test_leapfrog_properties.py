@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pipelines.leapfrog import compare_replicas
 from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
+from tests.examples import examples
 from tests.reference_leapfrog import ABSENT, dumps_of, reference_verdicts, token
 from tests.rows import raw_frame
 
@@ -271,13 +272,14 @@ def check_against_reference(rows: list[dict], found: dict, row_watermarks: list[
 
 
 @settings(
-    max_examples=25,
+    max_examples=examples(12),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(batch=batches(), on_driver=st.booleans())
+@given(batch=batches(least=6, most=8), on_driver=st.booleans())
 def test_spark_verdicts_are_safe_live_and_equal_to_the_reference(small_runs, batch, on_driver):
     # Both ways the comparison runs: on the executors (mapInArrow) and, for few rows, on the driver.
+    # Each history is its own partition, checked on its own: many per Spark run cost about what a few do.
     rows = [row for history in batch for row in history.rows]
     found, row_watermarks, partition_wm = run_spark(small_runs, rows, on_driver)
     check_against_reference(rows, found, row_watermarks, partition_wm)
@@ -358,7 +360,7 @@ def check_gaps_reported(rows: list[dict], partition_wm: list[dict]) -> None:
 
 
 @settings(
-    max_examples=30,
+    max_examples=examples(15),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -372,8 +374,8 @@ def test_a_damaged_dump_proves_only_what_the_complete_topic_proves(small_runs, d
     equality with the reference; wrong gap columns fail ``check_gaps_reported``.
     """
     # Many histories per Spark run: a false proof across a gap needs a rare shape (a key's middle version lost
-    # in one replica, held by the other, with a heartbeat after it), and one run costs about the same for 12.
-    complete = [row for history in data.draw(batches(least=10, most=12)) for row in history.rows]
+    # in one replica, held by the other, with a heartbeat after it), and one run costs about the same for 24.
+    complete = [row for history in data.draw(batches(least=20, most=24)) for row in history.rows]
     rows = data.draw(damaged(complete))
     found, row_watermarks, partition_wm = run_spark(small_runs, rows, on_driver)
     proven_on_topic = {

@@ -1,11 +1,13 @@
 """Bounded state: a divergence step reads only the predecessor state it continues, and retention drops the rest.
 
-A chain of four dumps of the same streams (S1 from START_OF_PUSH, S2 and S3 mid-stream,
-S4 re-reading S3's last offsets) is audited in sequence from a Delta warehouse, as the
-divergence asset reads it (``assets.divergence``), with ``state_retention = 2``, and compared
-with the full-union path (every earlier snapshot's state handed to ``prior_state``, as before
-the state was bounded). Retention drops a state only after the next step has read, so at S3
-and S4 two states are there to choose from: the pruned read is tested on the same chain.
+A chain of four dumps of the same streams (S1 from START_OF_PUSH, S2..S4 mid-stream) is
+audited in sequence from a Delta warehouse, as the divergence asset reads it
+(``assets.divergence``), with ``state_retention = 2``. Each of S2..S4 re-reads the last two
+offsets of the dump before it, as a dump tool does, so every step also verifies an overlap, and
+S3's overlap lies inside S2's state only. The reference is the same chain trimmed by hand at
+each predecessor's last offset, every step given every earlier snapshot's state (the path
+before the state was bounded). Retention drops a state only after the next step has read, so
+at S3 and S4 two states are there to choose from: the pruned read is tested on the same chain.
 """
 from __future__ import annotations
 
@@ -48,17 +50,21 @@ CHAIN = ("s1", "s2", "s3", "s4")
 RETAIN_TWO = {"ops": {"divergence_reports": {"config": {"state_retention": 2}}}}
 
 
-def chain_dumps(rows: list[dict]) -> list[list[dict]]:
-    """Four dumps of ``rows``: quarters of every replica partition's offsets; S4 re-reads S3's last two offsets."""
+@dataclass
+class Dumps:
+    trimmed: list[list[dict]]  # quarters of every replica partition's offsets
+    overlapping: list[list[dict]]  # S2..S4 re-reading the last two offsets of the quarter before
+
+
+def chain_dumps(rows: list[dict]) -> Dumps:
     offsets = offsets_of(rows)
     start = [{p: o[(len(o) * i) // 4] for p, o in offsets.items()} for i in range(4)]
-    dumps = [dump_between(rows, start[i], start[i + 1]) for i in range(3)] + [dump_between(rows, start[3])]
-    dumps[3] = rereading(dumps[2], dumps[3])
-    return dumps
+    trimmed = [dump_between(rows, start[i], start[i + 1]) for i in range(3)] + [dump_between(rows, start[3])]
+    return Dumps(trimmed, trimmed[:1] + [rereading(before, dump) for before, dump in zip(trimmed, trimmed[1:])])
 
 
 @pytest.fixture(scope="module")
-def dumps(tmp_path_factory) -> list[list[dict]]:
+def dumps(tmp_path_factory) -> Dumps:
     tmp = tmp_path_factory.mktemp("chain")
     faulty, _ = simulated(tmp, "faulty", seed=1, keys=30, lost_writes=3, corrupted_values=3,
                           duplicate_deliveries=2, conflicting_writes=2)
@@ -120,21 +126,33 @@ def chains(spark, dumps, tmp_path_factory) -> Chains:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DeltaStore, "read_snapshot", spied)
         store = DeltaStore(warehouse_root=str(tmp_path_factory.mktemp("warehouse")))
-        steps = {sid: audit_from_store(spark, store, rows, sid, 2, calls) for sid, rows in zip(CHAIN, dumps)}
-        reaudited = audit_from_store(spark, store, dumps[3], "s4", 2, calls)
+        steps = {sid: audit_from_store(spark, store, rows, sid, 2, calls) for sid, rows in zip(CHAIN, dumps.overlapping)}
+        reaudited = audit_from_store(spark, store, dumps.overlapping[3], "s4", 2, calls)
     return Chains(steps, store, reaudited)
 
 
+def state_rows(state) -> list[tuple]:
+    """replica_state's rows, comparable (maps as sorted entries), without first_offset: an overlapping dump's own."""
+    return sorted(tuple((k, str(sorted(v.items()) if isinstance(v, dict) else v)) for k, v in sorted(r.asDict().items()))
+                  for r in state.drop("first_offset").collect())
+
+
+@dataclass
+class Reference:
+    verdicts: dict[str, tuple[list[str], list[str]]]  # (reports, summary) per step
+    states: dict[str, list[tuple]]  # replica_state after each step, but for first_offset (the dump's own)
+
+
 @pytest.fixture(scope="module")
-def full_union(spark, dumps) -> dict[str, tuple[list[str], list[str]]]:
-    """The reports of each step with every earlier snapshot's state and raw rows (the path before pruning)."""
-    out, states, raws = {}, None, None
-    for sid, rows in zip(CHAIN, dumps):
-        step = audit(spark, rows, sid, states, raws)
-        out[sid] = (sorted(map(str, step.reports)), sorted(map(str, step.summary)))
+def trimmed(spark, dumps) -> Reference:
+    """The dumps trimmed by hand, each step given every earlier snapshot's state (the path before pruning)."""
+    verdicts, after, states = {}, {}, None
+    for sid, rows in zip(CHAIN, dumps.trimmed):
+        step = audit(spark, rows, sid, states)
+        verdicts[sid] = (sorted(map(str, step.reports)), sorted(map(str, step.summary)))
+        after[sid] = state_rows(step.state)
         states = step.state if states is None else states.unionByName(step.state)
-        raws = step.raw if raws is None else raws.unionByName(step.raw)
-    return out
+    return Reference(verdicts, after)
 
 
 def snapshot_of(path: str) -> str:
@@ -155,22 +173,32 @@ def test_a_step_reads_only_the_state_partition_of_the_predecessor_it_continues(s
     assert steps["s1"].prior.links == [] and steps["s1"].versions_files == []
     assert [s for t, s in steps["s1"].read_snapshots if t == STATE] == []
     # The same rows as the full-union read of every state kept (S3's and S4's).
-    unpruned = prior_state(read_stage(spark, store, STATE, None), stage(spark, dumps[3], "s4")[1], "s4",
+    unpruned = prior_state(read_stage(spark, store, STATE, None), stage(spark, dumps.overlapping[3], "s4")[1], "s4",
                            read_stage(spark, store, "raw_topic_snapshots", None))
     assert unpruned.links == steps["s4"].prior.links
     assert canonical(unpruned.versions) == canonical(steps["s4"].prior.versions)
     assert canonical(unpruned.context) == canonical(steps["s4"].prior.context)
 
 
-def test_pruned_reads_and_retention_give_the_verdicts_of_the_full_union_path(chains, full_union):
+def test_pruned_reads_of_overlapping_dumps_and_retention_give_the_audits_of_the_dumps_trimmed_by_hand(
+    spark, chains, trimmed
+):
     """Catches: a pruned read that picks another predecessor than the predecessor rule over every snapshot's
-    state, or loses carried versions or contexts; retention that drops the newest state or the one just
-    written (S3 or S4 would start fresh): the reports of S2..S4 would differ. Also retention that keeps every
-    state (replica_state grows with every snapshot), or misreports what it did."""
+    state, or loses carried versions or contexts; an overlap counted twice or verified against another
+    snapshot's rows; retention that drops the newest state or the one just written (S3 or S4 would start
+    fresh): the reports or the state of S2..S4 would differ. Also retention that keeps every state
+    (replica_state grows with every snapshot), or misreports what it did."""
     store, steps = chains.bounded_store, chains.bounded
     for sid in CHAIN:
-        assert (steps[sid].reports, steps[sid].summary) == full_union[sid], sid
-    assert steps["s4"].prior.links and all(link["overlap"] for link in steps["s4"].prior.links)
+        assert (steps[sid].reports, steps[sid].summary) == trimmed.verdicts[sid], sid
+    for sid in ("s3", "s4"):  # the states retention kept
+        assert state_rows(read_stage(spark, store, STATE, sid)) == trimmed.states[sid], sid
+    for sid, previous in zip(CHAIN[1:], CHAIN):
+        # Each dump overlaps the state of the one before only (S3 re-reads S2's offsets, none of S1's).
+        assert {(link["previous_snapshot_id"], link["overlap"]["offsets"]) for link in steps[sid].prior.links} == {
+            (previous, 2)}, sid
+    contexts = read_stage(spark, store, STATE, "s4").where(F.col("row_kind") == CONTEXT).collect()
+    assert {(c["previous_snapshot_id"], c["stream_first_offset"]) for c in contexts} == {("s3", 0)}
     assert any("'verdict': 'DIVERGENT'" in r or "'verdict': 'MISSING'" in r for r in steps["s4"].reports)
     assert [steps[sid].retention["states_dropped"] for sid in CHAIN] == [0, 0, 1, 1]
     assert [steps[sid].retention["states_kept"] for sid in CHAIN] == [1, 2, 2, 2]
@@ -178,7 +206,7 @@ def test_pruned_reads_and_retention_give_the_verdicts_of_the_full_union_path(cha
     assert steps["s4"].prior.previous_snapshot_ids == ["s3"]
     assert store.snapshot_ids(STATE) == ["s3", "s4"]
     # Re-auditing the newest snapshot starts from the same state: its predecessor was kept.
-    assert (chains.reaudited.reports, chains.reaudited.summary) == full_union["s4"]
+    assert (chains.reaudited.reports, chains.reaudited.summary) == trimmed.verdicts["s4"]
     assert chains.reaudited.retention["states_dropped"] == 0
 
 
@@ -223,31 +251,36 @@ def comparable(reports) -> list[tuple]:
 @pytest.mark.slow
 def test_the_divergence_asset_applies_state_retention_from_run_config_and_reports_it(spark, tmp_path):
     """Catches: the asset ignoring its state_retention config, deleting before its own state is committed, or
-    not reporting the states kept and dropped on the replica_state materialization."""
+    not reporting the states kept and dropped on the replica_state materialization.
+
+    S1's and S2's states are in the warehouse (written as the divergence step writes them), so the asset's
+    run of S3 is the one where retention 2 has a state to drop."""
     landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
     offsets = offsets_of(ORDERS)
     start = [{p: o[min(i * 2, len(o) - 1)] for p, o in offsets.items()} for i in range(3)]
     dumps = [dump_between(ORDERS, start[0], start[1]), dump_between(ORDERS, start[1], start[2]),
              dump_between(ORDERS, start[2])]
     store = DeltaStore(warehouse_root=str(warehouse))
-    expected, states = {}, None
-    for sid, rows in zip(("s1", "s2", "s3"), dumps):
-        write_landing(landing, sid, rows)
-        row_wm, part_wm = stage(spark, rows, sid)
-        store.write_snapshot(spark, row_wm, "reconstructed_watermarks", sid, struct_for("reconstructed_watermarks"))
-        store.write_snapshot(spark, part_wm, "partition_watermarks", sid, struct_for("partition_watermarks"))
-        reference = audit(spark, rows, sid, states)
-        expected[sid] = comparable(reference.reports)
-        states = reference.state if states is None else states.unionByName(reference.state)
-        result = run_divergence(landing, warehouse, sid, RETAIN_TWO)
-        assert result.success, sid
-        written = read_stage(spark, store, "divergence_reports", sid)
-        assert comparable(r.asDict() for r in written.collect()) == expected[sid], sid
+    states = None
+    for sid, rows in zip(("s1", "s2"), dumps):
+        before = audit(spark, rows, sid, states)
+        store.write_snapshot(spark, before.state, STATE, sid, struct_for(STATE))
+        states = before.state if states is None else states.unionByName(before.state)
+    write_landing(landing, "s3", dumps[2])
+    row_wm, part_wm = stage(spark, dumps[2], "s3")
+    store.write_snapshot(spark, row_wm, "reconstructed_watermarks", "s3", struct_for("reconstructed_watermarks"))
+    store.write_snapshot(spark, part_wm, "partition_watermarks", "s3", struct_for("partition_watermarks"))
+    expected = comparable(audit(spark, dumps[2], "s3", states).reports)
+    assert expected, "k2 and k4, last written in S2 or before, are reported in S3"
+
+    result = run_divergence(landing, warehouse, "s3", RETAIN_TWO)
+    assert result.success
+    written = read_stage(spark, store, "divergence_reports", "s3")
+    assert comparable(r.asDict() for r in written.collect()) == expected
     metadata = result.get_asset_materialization_events()
     state = next(e.materialization.metadata for e in metadata if e.asset_key == dg.AssetKey(STATE))
     assert (state["state_retention"].value, state["states_kept"].value, state["states_dropped"].value) == (2, 2, 1)
     assert state["dropped_snapshot_ids"].value == ["s1"]
     assert store.snapshot_ids(STATE) == ["s2", "s3"]
-    assert expected["s3"], "k2 and k4, last written in S2 or before, are reported in S3"
     contexts = read_stage(spark, store, STATE, "s3").where(F.col("row_kind") == CONTEXT).collect()
     assert {c["previous_snapshot_id"] for c in contexts} == {"s2"}

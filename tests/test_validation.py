@@ -16,6 +16,7 @@ from pyspark.sql import types as T
 
 from schemas.registry import model_for, struct_for
 from schemas.validation import TableValidation, data_rules, pandera_errors, validation_errors
+from tests.examples import examples
 from tests.spark_work import measure_work
 
 # Between them: ge (every model), le (heartbeat_segment_summary.heartbeats), isin (kind,
@@ -150,7 +151,7 @@ def test_compiled_rules_find_what_pandera_finds(spark):
 
     # No shrinking: each step would be a pandera validation (~1 job per rule). A failure prints
     # the rows and which (level, reason, column, check) only one side reported.
-    @settings(max_examples=8, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate])
+    @settings(max_examples=examples(8), deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate])
     @given(table=tables())
     @example(table=BOUNDS_EXAMPLE)
     def compiled_equals_pandera(table):

@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 from pipelines.venice import UnknownClusterId, decode_record, encode_record
 from pipelines.venice_protocol import envelope_schema_dict
 from pipelines.venice_values import PushSettings
+from tests.examples import examples
 
 NS = "com.linkedin.venice.kafka.protocol."
 CLUSTERS = {0: "dc-a", 3: "dc-b", 7: "dc-c"}
@@ -256,7 +257,7 @@ def rows(draw):
     return v, row
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(rows())
 def test_round_trip(vr):
     v, row = vr
