@@ -44,8 +44,13 @@ CHILD_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 SUBMIT_OPTS = "SPARK_SUBMIT_OPTS"
 
 
+def _without_child_options(options: str) -> str:
+    return " ".join(option for option in options.split() if option != CHILD_JVM_OPTIONS)
+
+
 def pytest_configure(config):
-    os.environ[SUBMIT_OPTS] = f"{os.environ.get(SUBMIT_OPTS, '')} {CHILD_JVM_OPTIONS}".strip()
+    # xdist's workers inherit the controller's environment, where this already ran.
+    os.environ[SUBMIT_OPTS] = f"{_without_child_options(os.environ.get(SUBMIT_OPTS, ''))} {CHILD_JVM_OPTIONS}".strip()
 
 
 def pytest_collection_modifyitems(items):
@@ -58,8 +63,7 @@ def spark():
     from resources.session import STATUS_RETENTION, build_spark_session
 
     children = os.environ[SUBMIT_OPTS]
-    own = children.removesuffix(CHILD_JVM_OPTIONS).strip()
-    os.environ[SUBMIT_OPTS] = own  # read when this process's JVM is launched: it keeps the optimizing compiler
+    os.environ[SUBMIT_OPTS] = _without_child_options(children)  # read when this process's JVM is launched
     try:
         # The tests that count Spark's work read the JVM's status stores, late in a run of thousands of jobs.
         session = build_spark_session(
@@ -67,5 +71,7 @@ def spark():
         )
     finally:
         os.environ[SUBMIT_OPTS] = children
+    arguments = session._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()  # noqa: SLF001
+    assert CHILD_JVM_OPTIONS not in list(arguments), f"the suite's own JVM lost its optimizing compiler: {arguments}"
     yield session
     session.stop()
