@@ -1,13 +1,14 @@
 """Bounded state: a divergence step reads only the predecessor state it continues, and retention drops the rest.
 
-A chain of four dumps of the same streams (S1 from START_OF_PUSH, S2..S4 mid-stream) is
+A chain of three dumps of the same streams (S1 from START_OF_PUSH, S2 and S3 mid-stream) is
 audited in sequence from a Delta warehouse, as the divergence asset reads it
-(``assets.divergence``), with ``state_retention = 2``. Each of S2..S4 re-reads the last two
+(``assets.divergence``), with ``state_retention = 2``. S2 and S3 each re-read the last two
 offsets of the dump before it, as a dump tool does, so every step also verifies an overlap, and
 S3's overlap lies inside S2's state only. The reference is the same chain trimmed by hand at
 each predecessor's last offset, every step given every earlier snapshot's state (the path
 before the state was bounded). Retention drops a state only after the next step has read, so
-at S3 and S4 two states are there to choose from: the pruned read is tested on the same chain.
+at S3 two states are there to choose from (S1's and S2's): the pruned read is tested on the same
+chain, and so is re-auditing S3 once S1's state is gone.
 """
 from __future__ import annotations
 
@@ -46,20 +47,20 @@ from tests.test_incremental import (
     write_landing,
 )
 
-CHAIN = ("s1", "s2", "s3", "s4")
+CHAIN = ("s1", "s2", "s3")
 RETAIN_TWO = {"ops": {"divergence_reports": {"config": {"state_retention": 2}}}}
 
 
 @dataclass
 class Dumps:
-    trimmed: list[list[dict]]  # quarters of every replica partition's offsets
-    overlapping: list[list[dict]]  # S2..S4 re-reading the last two offsets of the quarter before
+    trimmed: list[list[dict]]  # thirds of every replica partition's offsets
+    overlapping: list[list[dict]]  # S2 and S3 re-reading the last two offsets of the third before
 
 
 def chain_dumps(rows: list[dict]) -> Dumps:
     offsets = offsets_of(rows)
-    start = [{p: o[(len(o) * i) // 4] for p, o in offsets.items()} for i in range(4)]
-    trimmed = [dump_between(rows, start[i], start[i + 1]) for i in range(3)] + [dump_between(rows, start[3])]
+    start = [{p: o[(len(o) * i) // 3] for p, o in offsets.items()} for i in range(3)]
+    trimmed = [dump_between(rows, start[i], start[i + 1]) for i in range(2)] + [dump_between(rows, start[2])]
     return Dumps(trimmed, trimmed[:1] + [rereading(before, dump) for before, dump in zip(trimmed, trimmed[1:])])
 
 
@@ -110,7 +111,7 @@ def audit_from_store(spark, store: DeltaStore, rows: list[dict], snapshot_id: st
 class Chains:
     bounded: dict[str, Step]  # state_retention = 2
     bounded_store: DeltaStore
-    reaudited: Step  # S4 audited again after the chain
+    reaudited: Step  # S3 audited again after the chain
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,7 @@ def chains(spark, dumps, tmp_path_factory) -> Chains:
         patch.setattr(DeltaStore, "read_snapshot", spied)
         store = DeltaStore(warehouse_root=str(tmp_path_factory.mktemp("warehouse")))
         steps = {sid: audit_from_store(spark, store, rows, sid, 2, calls) for sid, rows in zip(CHAIN, dumps.overlapping)}
-        reaudited = audit_from_store(spark, store, dumps.overlapping[3], "s4", 2, calls)
+        reaudited = audit_from_store(spark, store, dumps.overlapping[2], "s3", 2, calls)
     return Chains(steps, store, reaudited)
 
 
@@ -172,12 +173,12 @@ def test_a_step_reads_only_the_state_partition_of_the_predecessor_it_continues(s
         assert [s for t, s in step.read_snapshots if t == STATE] == [previous], sid
     assert steps["s1"].prior.links == [] and steps["s1"].versions_files == []
     assert [s for t, s in steps["s1"].read_snapshots if t == STATE] == []
-    # The same rows as the full-union read of every state kept (S3's and S4's).
-    unpruned = prior_state(read_stage(spark, store, STATE, None), stage(spark, dumps.overlapping[3], "s4")[1], "s4",
+    # The same rows as the full-union read of every state kept (S2's, and S3's own, which is ignored).
+    unpruned = prior_state(read_stage(spark, store, STATE, None), stage(spark, dumps.overlapping[2], "s3")[1], "s3",
                            read_stage(spark, store, "raw_topic_snapshots", None))
-    assert unpruned.links == steps["s4"].prior.links
-    assert canonical(unpruned.versions) == canonical(steps["s4"].prior.versions)
-    assert canonical(unpruned.context) == canonical(steps["s4"].prior.context)
+    assert unpruned.links == steps["s3"].prior.links
+    assert canonical(unpruned.versions) == canonical(steps["s3"].prior.versions)
+    assert canonical(unpruned.context) == canonical(steps["s3"].prior.context)
 
 
 def test_pruned_reads_of_overlapping_dumps_and_retention_give_the_audits_of_the_dumps_trimmed_by_hand(
@@ -185,28 +186,29 @@ def test_pruned_reads_of_overlapping_dumps_and_retention_give_the_audits_of_the_
 ):
     """Catches: a pruned read that picks another predecessor than the predecessor rule over every snapshot's
     state, or loses carried versions or contexts; an overlap counted twice or verified against another
-    snapshot's rows; retention that drops the newest state or the one just written (S3 or S4 would start
-    fresh): the reports or the state of S2..S4 would differ. Also retention that keeps every state
+    snapshot's rows; retention that drops the newest state or the one just written (S3 or its re-audit would
+    start fresh): the reports or the state of S2 and S3 would differ. Also retention that keeps every state
     (replica_state grows with every snapshot), or misreports what it did."""
     store, steps = chains.bounded_store, chains.bounded
     for sid in CHAIN:
         assert (steps[sid].reports, steps[sid].summary) == trimmed.verdicts[sid], sid
-    for sid in ("s3", "s4"):  # the states retention kept
+    for sid in ("s2", "s3"):  # the states retention kept
         assert state_rows(read_stage(spark, store, STATE, sid)) == trimmed.states[sid], sid
     for sid, previous in zip(CHAIN[1:], CHAIN):
         # Each dump overlaps the state of the one before only (S3 re-reads S2's offsets, none of S1's).
         assert {(link["previous_snapshot_id"], link["overlap"]["offsets"]) for link in steps[sid].prior.links} == {
             (previous, 2)}, sid
-    contexts = read_stage(spark, store, STATE, "s4").where(F.col("row_kind") == CONTEXT).collect()
-    assert {(c["previous_snapshot_id"], c["stream_first_offset"]) for c in contexts} == {("s3", 0)}
-    assert any("'verdict': 'DIVERGENT'" in r or "'verdict': 'MISSING'" in r for r in steps["s4"].reports)
-    assert [steps[sid].retention["states_dropped"] for sid in CHAIN] == [0, 0, 1, 1]
-    assert [steps[sid].retention["states_kept"] for sid in CHAIN] == [1, 2, 2, 2]
-    assert steps["s3"].dropped == ["s1"] and steps["s4"].dropped == ["s2"]
-    assert steps["s4"].prior.previous_snapshot_ids == ["s3"]
-    assert store.snapshot_ids(STATE) == ["s3", "s4"]
+    contexts = read_stage(spark, store, STATE, "s3").where(F.col("row_kind") == CONTEXT).collect()
+    assert {(c["previous_snapshot_id"], c["stream_first_offset"]) for c in contexts} == {("s2", 0)}
+    assert any("'verdict': 'DIVERGENT'" in r or "'verdict': 'MISSING'" in r for r in steps["s3"].reports)
+    assert [steps[sid].retention["states_dropped"] for sid in CHAIN] == [0, 0, 1]
+    assert [steps[sid].retention["states_kept"] for sid in CHAIN] == [1, 2, 2]
+    assert steps["s2"].dropped == [] and steps["s3"].dropped == ["s1"]
+    assert steps["s3"].prior.previous_snapshot_ids == ["s2"]
+    assert store.snapshot_ids(STATE) == ["s2", "s3"]
     # Re-auditing the newest snapshot starts from the same state: its predecessor was kept.
-    assert (chains.reaudited.reports, chains.reaudited.summary) == trimmed.verdicts["s4"]
+    assert (chains.reaudited.reports, chains.reaudited.summary) == trimmed.verdicts["s3"]
+    assert chains.reaudited.prior.previous_snapshot_ids == ["s2"]
     assert chains.reaudited.retention["states_dropped"] == 0
 
 
