@@ -56,9 +56,11 @@ REPORT_METADATA = ("dagster/row_count", "keys_compared", "keys_divergent", "keys
 
 SERVER_TIMEOUT_S = 120
 LOCATION_TIMEOUT_S = 180
-# The landing sensor ticks every 30 s; the daemon may need a while to load the code location
-# on a busy machine before its first tick. Past this, the sensor is taken to be broken.
+# The server's landing sensor looks every few seconds (REPLICA_LENS_LANDING_SENSOR_INTERVAL_S), not
+# every 30 s as by default.
 SENSOR_INTERVAL_S = 3
+# The daemon may need a while to load the code location on a busy machine before the sensor's
+# first tick. Past this, the sensor is taken to be broken.
 SENSOR_TIMEOUT_S = 240
 # One audit starts a Spark JVM and runs every stage: 1-3 minutes on a small shared machine, more when busy.
 RUN_TIMEOUT_S = 600
