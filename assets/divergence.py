@@ -41,6 +41,7 @@ from pipelines.state_prior import PriorState, StateRefused, no_prior_state, prio
 from pipelines.state_rows import CONTEXT, REPLICA_PARTITION
 from resources.delta_store import DeltaStore
 from resources.errors import InvalidSetting
+from resources.reports import ReportSettings
 from resources.spark import SparkResource
 
 GROUP = "divergence"
@@ -150,7 +151,8 @@ def check_state_retention(keep: Optional[int]) -> Optional[int]:
     op_tags=CRITICAL_PATH,
 )
 def divergence_reports(
-    context: dg.AssetExecutionContext, config: DivergenceConfig, spark: SparkResource, store: DeltaStore
+    context: dg.AssetExecutionContext, config: DivergenceConfig, spark: SparkResource, store: DeltaStore,
+    reports: ReportSettings,
 ):
     snapshot_id = context.partition_key
     keep = check_state_retention(config.state_retention)
@@ -215,13 +217,36 @@ def divergence_reports(
             known = contexts if contexts is not None else prior.context  # no other state: none to drop
             dropped, retention = retention_plan(known, tables.frame(STATE), snapshot_id, keep)
         tables.add_metadata(STATE, retention)
-        yield from tables.publish()
+        yield from tables.publish(after_commit={
+            "divergence_reports": lambda: report_metadata(context, store, reports, snapshot_id, totals),
+        })
         # After the new state is committed: a failure here leaves extra states, which is safe, and the next audit
         # drops them. A concurrent audit that chose a dropped state refuses to use it (it re-reads its context).
         if dropped:
             version = store.delete_snapshots(session, STATE, dropped)
             context.log.info(f"state retention {keep}: dropped the states of {len(dropped)} snapshot(s) "
                              f"({', '.join(dropped[:MAX_LISTED_DROPPED])}) from {STATE} in Delta version {version}")
+
+
+def report_metadata(
+    context: dg.AssetExecutionContext, store: DeltaStore, settings: ReportSettings, snapshot_id: str,
+    totals: dict[str, int],
+) -> dict:
+    """Write the snapshot's report page from the committed tables; its link and the first keys' pictures."""
+    from replica_lens.explain.report import build_report
+    from replica_lens.explain.text import explain_command
+
+    report = build_report(store.warehouse_root, snapshot_id, {k.lower(): v for k, v in totals.items()},
+                          settings.pictures, settings.redacting())
+    context.log.info(f"report page: {report.uri} ({len(report.docs)} key(s) explained, {report.pictured} pictured)")
+    metadata = {"report_page": dg.MetadataValue.path(report.uri), "keys_explained": len(report.docs),
+                "keys_pictured": report.pictured}
+    if report.docs:
+        metadata["explain_first"] = dg.MetadataValue.text(explain_command(report.docs[0], store.warehouse_root))
+    markdown = report.ui_markdown(settings.ui_pictures)
+    if markdown is not None:
+        metadata["most_important_keys"] = dg.MetadataValue.md(markdown)
+    return metadata
 
 
 def comparison_rows(store: DeltaStore, snapshot_id: str) -> Optional[int]:

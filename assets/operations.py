@@ -6,7 +6,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from assets.partitions import snapshot_partitions
-from assets.previews import compaction_holdbacks, lagging_rows, worst_lag, worst_lagging
+from assets.previews import compaction_holdbacks, lag_trends, lagging_rows, worst_lag, worst_lagging
 from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
 from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
@@ -93,7 +93,8 @@ def replication_lag(context: dg.AssetExecutionContext, spark: SparkResource, sto
         lagging = lagging_rows(tables.frame("replication_lag"))
         tables.add_metadata(
             "replication_lag",
-            {"worst_lagging": dg.MetadataValue.md(worst_lagging(lagging)), "worst_lag": dg.MetadataValue.json(worst_lag(lagging) or {})},
+            {"worst_lagging": dg.MetadataValue.md(worst_lagging(lagging)), "worst_lag": dg.MetadataValue.json(worst_lag(lagging) or {}),
+             **lag_trends(lagging)},
         )
         yield from tables.publish()
 

@@ -51,18 +51,26 @@ def worst_lag(rows) -> dict | None:
 
 
 def lagging_rows(replication_lag: DataFrame) -> list:
-    """The most-lagging (replica, origin region) rows, worst first: by 99th percentile lag, then staleness."""
-    return (
-        replication_lag.orderBy(F.desc_nulls_last("p99_upper_ms"), F.desc_nulls_last("staleness_ms"))
-        .limit(ROWS_SHOWN)
-        .collect()
-    )
+    """Every (replica, origin region) row (one per pair of regions: a few), worst first: by 99th percentile lag, then
+    staleness."""
+    return replication_lag.orderBy(F.desc_nulls_last("p99_upper_ms"), F.desc_nulls_last("staleness_ms")).collect()
+
+
+def lag_trends(rows) -> dict[str, float]:
+    """p50 and p99 lag per (replica, origin region) as numbers, which Dagster's Plots tab draws across runs."""
+    out: dict[str, float] = {}
+    for row in rows:
+        for stat in ("p50", "p99"):
+            value = row[f"{stat}_upper_ms"]
+            if value is not None:
+                out[f"lag_{stat}_ms {row['replica']}<-{row['origin_region']}"] = float(value)
+    return out
 
 
 def worst_lagging(rows) -> str:
-    """``lagging_rows`` as a markdown table."""
+    """``lagging_rows`` as a markdown table (the worst ``ROWS_SHOWN``)."""
     return markdown_table(
-        rows,
+        rows[:ROWS_SHOWN],
         [("replica", "replica"), ("origin_region", "from"), ("heartbeats", "heartbeats"),
          ("p99_upper_ms", "p99 lag ≤ (ms)"), ("max_upper_ms", "max lag ≤ (ms)"), ("staleness_ms", "staleness (ms)"),
          ("stalest_topic", "stalest topic"), ("stalest_partition", "partition")],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import dagster as dg
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -196,8 +196,12 @@ class StepTables:
             self.store.discard(entry.staged)
         self._staged.clear()
 
-    def publish(self) -> Iterator[dg.MaterializeResult]:
-        """Commit every staged table when all passed their checks; else discard them all and fail the step."""
+    def publish(self, after_commit: dict[str, Callable[[], dict[str, Any]]] | None = None) -> Iterator[dg.MaterializeResult]:
+        """Commit every staged table when all passed their checks; else discard them all and fail the step.
+
+        ``after_commit``: per table, a function run once every table is committed (so it can read
+        them as any reader would) whose metadata joins that table's materialization.
+        """
         failures = {t: e.violations for t, e in self._staged.items() if e.violations}
         if failures:
             self.discard()
@@ -237,6 +241,8 @@ class StepTables:
             self.discard()
             raise
         for table, entry, written, commit_seconds in results:
+            if after_commit and table in after_commit:
+                entry.extra_metadata.update(after_commit[table]())
             check = dg.AssetCheckResult(
                 asset_key=table,
                 check_name=SCHEMA_CHECK,

@@ -180,6 +180,11 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
                 f=div.get("keys_in_flight"),
             )
         )
+        if div.get("report_page"):
+            lines.append(f"  report page: {div['report_page']} ({div.get('keys_explained')} key(s) explained, "
+                         f"{div.get('keys_pictured')} with a picture)")
+        if div.get("explain_first"):
+            lines.append(f"  explain the first: {div['explain_first']}")
     lines.extend(gap_lines(audit))
     anomalies = audit.metadata.get("stream_anomalies")
     if anomalies:
@@ -432,6 +437,9 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
         "verdicts": {
             name: divergence.get(f"keys_{name}") for name in ("compared", "consistent", "divergent", "missing", "in_flight")
         },
+        # The page explaining every key that is not CONSISTENT, and the command explaining the most important one.
+        "report_page": divergence.get("report_page"),
+        "explain_first": divergence.get("explain_first"),
         "anomalies": {"total": anomalies.get("dagster/row_count"), "by_kind": anomalies.get("by_anomaly") or {}},
         # Dumps with gaps prove only what they hold (SPEC 3a): never more than the complete topic.
         "gaps": gaps_of(audit) | {"proofs_limited": bool(gaps_of(audit)["dumps_with_gaps"])},

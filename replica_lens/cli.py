@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -63,6 +64,10 @@ def _audit(args: argparse.Namespace) -> int:
     # Spark resource then gets this same session (same settings, see resources/session.py).
     from resources.session import start_in_background
 
+    if args.redact_values is not None:  # the run's report settings read it (replica_lens/explain/redaction.py)
+        from replica_lens.explain.redaction import REDACT_ENV
+
+        os.environ[REDACT_ENV] = "1" if args.redact_values else "0"
     start_in_background(master=args.spark_master, shuffle_partitions=args.shuffle_partitions, delta_jars_dir=args.delta_jars)
     from replica_lens.audit import audit_snapshots
 
@@ -82,6 +87,46 @@ def _audit(args: argparse.Namespace) -> int:
         venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
         venice_push_settings=args.venice_push_settings,
     )
+
+
+def _explain(args: argparse.Namespace) -> int:
+    # Nothing of Spark or Dagster is imported: the published tables are read with delta-rs.
+    from replica_lens.explain.document import redact
+    from replica_lens.explain.reading import explain_key, key_of
+    from replica_lens.explain.redaction import redacting
+    from replica_lens.explain.text import render_text
+
+    doc = explain_key(args.warehouse, args.snapshot_id, args.topic, args.partition, key_of(args.key, args.key_text))
+    if redacting(args.redact_values):
+        redact(doc)
+    if args.html:
+        from replica_lens.explain.page import key_page
+
+        _write_text(args.html, key_page(doc))
+    if args.png:
+        from replica_lens.explain.timeline import png
+
+        _write_bytes(args.png, png(doc, dpi=100))
+    if args.json:
+        text = json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+            return 0
+        _write_text(args.json, text)
+    print(render_text(doc), end="")
+    return 0
+
+
+def _write_text(path: str, text: str) -> None:
+    _write_bytes(path, text.encode("utf-8"))
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    """Write a file the user named, whole or not at all (a temporary file renamed into place)."""
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_bytes(data)
+    partial.replace(target)
 
 
 def _dump_kafka(args: argparse.Namespace) -> int:
@@ -265,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_CONCURRENT_STEPS}; 1: one after another)",
     )
     audit.add_argument(
+        "--redact-values", action=argparse.BooleanOptionalAction, default=None,
+        help="keep every value's text out of the report page and the UI's metadata: hashes only "
+        "(default: $REPLICA_LENS_REDACT_VALUES, else off)",
+    )
+    audit.add_argument(
         "--quiet", action="store_true", help="print only each snapshot's summary and errors (no line per step)"
     )
     audit.add_argument(
@@ -273,6 +323,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the summary as one JSON document to PATH ('-': to stdout, everything else to stderr)",
     )
     audit.set_defaults(handler=_audit)
+
+    explain = commands.add_parser(
+        "explain", parents=[common],
+        help="explain one key of an audited snapshot: every replica's versions and every pair's verdict (reads the "
+        "published tables; never audits again)",
+    )
+    explain.add_argument("--warehouse", required=True, help="folder holding the audited snapshot's Delta tables")
+    explain.add_argument("--snapshot-id", required=True, help="the audited snapshot")
+    explain.add_argument("--topic", required=True, help="version topic, e.g. store_v1")
+    explain.add_argument("--partition", required=True, type=int, help="topic partition")
+    which = explain.add_mutually_exclusive_group(required=True)
+    which.add_argument("--key", help="the key as the tables hold it (raw Venice records: base64 of the key bytes)")
+    which.add_argument(
+        "--key-text", metavar="TEXT",
+        help="raw Venice records: the key bytes as UTF-8 text, looked up as their base64 (what --key takes)",
+    )
+    explain.add_argument("--json", metavar="FILE", help="also write the explanation as JSON to FILE ('-': only JSON, to stdout)")
+    explain.add_argument("--html", metavar="FILE", help="also write a self-contained page with a timeline picture to FILE")
+    explain.add_argument("--png", metavar="FILE", help="also write the timeline picture alone, as PNG, to FILE")
+    explain.add_argument(
+        "--redact-values", action=argparse.BooleanOptionalAction, default=None,
+        help="keep every value's text out of the output: hashes only (default: $REPLICA_LENS_REDACT_VALUES, else off)",
+    )
+    explain.set_defaults(handler=_explain)
 
     dump = commands.add_parser(
         "dump-kafka",

@@ -19,6 +19,7 @@ from replica_lens.jobs import (
     LANDING_SENSOR_INTERVAL_ENV,
     audit_snapshot,
     build_landing_sensor,
+    explain_key_job,
     landing_sensor_interval,
     reaudit_newest_snapshot,
     refresh_trend,
@@ -28,6 +29,7 @@ from replica_lens.jobs import (
 )
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
+from resources.reports import ReportSettings
 from resources.session import INTERPRETED_MAX_ROWS
 from resources.spark import SparkResource
 from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
@@ -57,7 +59,7 @@ def build_definitions(
     return dg.Definitions(
         assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations, trend]),
         asset_checks=[divergence.no_proven_divergence, operations.lag_within_bounds, operations.exporters_within_bounds],
-        jobs=[audit_snapshot, refresh_trend, vacuum_warehouse],
+        jobs=[audit_snapshot, refresh_trend, vacuum_warehouse, explain_key_job],
         schedules=[reaudit_newest_snapshot, vacuum_warehouse_daily],
         sensors=[build_landing_sensor(landing_sensor_interval_s), trend_after_audit],
         resources={
@@ -77,6 +79,8 @@ def build_definitions(
                 venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
                 venice_push_settings=venice_push_settings,
             ),
+            # Redaction unset: REPLICA_LENS_REDACT_VALUES decides when the page is written.
+            "reports": ReportSettings(),
         },
         # Materializations launched from the UI also run every step in one process (one JVM per run),
         # independent steps side by side.

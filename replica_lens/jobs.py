@@ -8,6 +8,7 @@ from pydantic import Field
 from assets.partitions import SNAPSHOTS, snapshot_partitions
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
+from resources.reports import ReportSettings
 from replica_lens.executor import threaded_in_process_executor
 from resources.errors import InvalidSetting
 from resources.tuning import DEFAULT_RETENTION_HOURS
@@ -174,3 +175,61 @@ vacuum_warehouse_daily = dg.ScheduleDefinition(
     default_status=dg.DefaultScheduleStatus.STOPPED,
     description="Every day at 03:30 UTC, vacuums the warehouse with a 7-day retention (off by default: turn it on to opt in).",
 )
+
+
+EXPLAIN_JOB = "explain_key"
+
+
+class ExplainKeyConfig(dg.Config):
+    snapshot_id: str = Field(description="An audited snapshot (a partition of the snapshots).")
+    topic: str = Field(description="Version topic, e.g. store_v1.")
+    partition: int = Field(description="Topic partition.")
+    key: Optional[str] = Field(
+        default=None, description="The key as the tables hold it (raw Venice records: base64 of the key bytes)."
+    )
+    key_text: Optional[str] = Field(
+        default=None, description="Raw Venice records: the key bytes as UTF-8 text, looked up as their base64."
+    )
+
+
+@dg.op(
+    description="Explain one key of an audited snapshot, as `replica-lens explain` does: every replica's versions and "
+    "every pair's verdict, with its timeline picture, recorded as this op's output metadata.",
+    out=dg.Out(dict, description="The explanation document (docs/explain.md)."),
+)
+def explain_key_op(
+    context: dg.OpExecutionContext, config: ExplainKeyConfig, store: DeltaStore, reports: ReportSettings
+) -> dg.Output:
+    from replica_lens.explain.document import redact, worst_verdict
+    from replica_lens.explain.reading import explain_key, key_of
+    from replica_lens.explain.report import key_markdown
+    from resources.errors import UsageError
+
+    try:
+        key = key_of(config.key, config.key_text)
+        doc = explain_key(store.warehouse_root, config.snapshot_id, config.topic, config.partition, key)
+    except UsageError as error:
+        raise dg.Failure(description=str(error), allow_retries=False) from error
+    if reports.redacting():
+        redact(doc)
+    verdicts = {f"{p['replica_a']}~{p['replica_b']}": p["verdict"] for p in doc["pairs"]}
+    context.log.info(f"{key} in {config.topic}/{config.partition}: {worst_verdict(doc)} ({verdicts})")
+    return dg.Output(
+        doc,
+        metadata={
+            "verdict": worst_verdict(doc),
+            "verdicts": dg.MetadataValue.json(verdicts),
+            "explanation": dg.MetadataValue.md(key_markdown(doc)),
+            "document": dg.MetadataValue.json(doc),
+        },
+    )
+
+
+@dg.job(
+    name=EXPLAIN_JOB,
+    executor_def=dg.in_process_executor,
+    description="Explain one key of an audited snapshot (snapshot, topic, partition, key in the Launchpad's config); "
+    "reads the published tables, never audits again, starts no Spark.",
+)
+def explain_key_job():
+    explain_key_op()

@@ -54,6 +54,12 @@ class Version:
     value: Optional[str]
     touch: Optional[Vector]  # U; None when unknown
     reach: Vector  # M
+    # Where M comes from (SPEC 10): the offset of the row whose L is M (None: L(end)); whether a gap
+    # lies before the version (U rests on the first vector heartbeat after it) or cut M short.
+    reach_row: Optional[int] = None
+    gap_before: bool = False
+    gap_after: bool = False
+    write_ts: Optional[int] = None
 
 
 @dataclass
@@ -75,6 +81,12 @@ class Dump:
     gap_before: dict[int, bool] = field(default_factory=dict)
     bottom_reach: dict[str, Vector] = field(default_factory=dict)  # key -> M(⊥), keys seen; see versions()
     unseen_reach: Vector = field(default_factory=dict)  # M(⊥) of a key the dump never holds
+    # The row whose L is each M (None: L(end)), and whether a gap cut that M short (SPEC 10).
+    reach_row: dict[int, Optional[int]] = field(default_factory=dict)  # data row offset -> row
+    cut: dict[int, bool] = field(default_factory=dict)
+    bottom_reach_row: dict[str, Optional[int]] = field(default_factory=dict)
+    bottom_cut: dict[str, bool] = field(default_factory=dict)
+    unseen_reach_row: Optional[int] = None
     by_key: dict[str, list[dict]] = field(default_factory=dict)  # data rows per key, in offset order
 
     def data_rows(self, key: str) -> list[dict]:
@@ -87,10 +99,21 @@ class Dump:
         rows = self.data_rows(key)
         out = []
         if self.starts_with_sop:
-            out.append(Version(None, ABSENT, None, {}, self.bottom_reach.get(key, self.unseen_reach)))
+            seen = key in self.bottom_reach
+            out.append(Version(
+                None, ABSENT, None, {}, self.bottom_reach.get(key, self.unseen_reach),
+                reach_row=self.bottom_reach_row[key] if seen else self.unseen_reach_row,
+                gap_after=self.bottom_cut[key] if seen else bool(self.gaps),
+            ))
         for r in rows:
-            out.append(Version(r["offset"], token(r), r.get("value"), self.touch[r["offset"]], self.reach[r["offset"]]))
+            o = r["offset"]
+            out.append(Version(o, token(r), r.get("value"), self.touch[o], self.reach[o], reach_row=self.reach_row[o],
+                               gap_before=self.gap_positions_before(o) > 0, gap_after=self.cut[o],
+                               write_ts=r.get("write_ts")))
         return out
+
+    def gap_positions_before(self, offset: int) -> int:
+        return sum(last - first + 1 for first, last in self.gaps if last < offset)
 
 
 def contribution(row: dict) -> Vector:
@@ -145,6 +168,7 @@ def build_dump(rows: Iterable[dict], read_positions: Optional[Iterable[int]] = N
 
     # after_gap[n]: L(g) for g the first row after gap n (L(end) when no row follows it).
     after_gap: list[Vector] = []
+    row_after_gap: list[Optional[int]] = []  # g: the first row after gap n
     # vector_after_gap[n]: hb_vector of the first HEARTBEAT that has one after gap n, or None.
     vector_after_gap: list[Optional[Vector]] = []
     next_vector: list[Optional[Vector]] = [None] * (len(rows) + 1)  # from rows[i] on
@@ -155,6 +179,7 @@ def build_dump(rows: Iterable[dict], read_positions: Optional[Iterable[int]] = N
     for _, last in dump.gaps:
         i = bisect_right(offsets, last)
         after_gap.append(dump.lower_bounds[offsets[i]] if i < len(rows) else dump.end)
+        row_after_gap.append(offsets[i] if i < len(rows) else None)
         vector_after_gap.append(next_vector[i])
     index = {o: i for i, o in enumerate(offsets)}
 
@@ -164,10 +189,13 @@ def build_dump(rows: Iterable[dict], read_positions: Optional[Iterable[int]] = N
         first = next((r for r in rows if r["kind"] == "HEARTBEAT" and r.get("hb_vector") is not None), None)
         dump.pre_history = dict(first["hb_vector"]) if first is not None else None
     dump.unseen_reach = after_gap[0] if dump.gaps else dump.end
+    dump.unseen_reach_row = row_after_gap[0] if dump.gaps else None
 
     for key, key_rows in dump.by_key.items():
         first_i = index[key_rows[0]["offset"]]
         dump.bottom_reach[key] = after_gap[0] if gaps_before[first_i] else dump.lower_bounds[key_rows[0]["offset"]]
+        dump.bottom_reach_row[key] = row_after_gap[0] if gaps_before[first_i] else key_rows[0]["offset"]
+        dump.bottom_cut[key] = bool(gaps_before[first_i])
         running: Vector = {}
         for j, r in enumerate(key_rows):
             i = index[r["offset"]]
@@ -176,10 +204,13 @@ def build_dump(rows: Iterable[dict], read_positions: Optional[Iterable[int]] = N
             dump.touch[r["offset"]] = None if bound is None else vmax(bound, running)
             nxt = key_rows[j + 1] if j + 1 < len(key_rows) else None
             crossed = (gaps_before[index[nxt["offset"]]] if nxt else len(dump.gaps)) > gaps_before[i]
+            dump.cut[r["offset"]] = crossed
             if crossed:
                 dump.reach[r["offset"]] = after_gap[gaps_before[i]]
+                dump.reach_row[r["offset"]] = row_after_gap[gaps_before[i]]
             else:
                 dump.reach[r["offset"]] = dump.lower_bounds[nxt["offset"]] if nxt else dump.end
+                dump.reach_row[r["offset"]] = nxt["offset"] if nxt else None
     return dump
 
 
@@ -208,6 +239,34 @@ def compare_key(a: Dump, b: Dump, key: str, name_a: str, name_b: str) -> Finding
     if not versions_a or not versions_b or versions_a[-1].token != versions_b[-1].token:
         return Finding("IN_FLIGHT")
     return Finding("CONSISTENT")
+
+
+def blocking(a: list[Version], b: list[Version], name_a: str, name_b: str) -> list[tuple]:
+    """SPEC 10: for the last versions a, b, every component where U(b) <= M(a) fails (replica_a's entries), then
+    every one where U(a) <= M(b) fails; (replica, region, needs, has). Empty when a side holds no version."""
+    if not a or not b:
+        return []
+    out = []
+    for holder, mine, theirs in ((name_a, a[-1], b[-1]), (name_b, b[-1], a[-1])):
+        if theirs.touch is None:
+            out.append((holder, "*", -1, None))
+            continue
+        for region in sorted(theirs.touch):
+            if region not in mine.reach or theirs.touch[region] > mine.reach[region]:
+                out.append((holder, region, theirs.touch[region], mine.reach.get(region)))
+    return out
+
+
+def resolution(finding: Finding, name_a: str, name_b: str) -> Optional[tuple[str, str]]:
+    """SPEC 10: (expected, deviating) replica of a proven key; None when the write times cannot tell."""
+    if finding.verdict == "MISSING":
+        return (name_b if finding.missing_in == name_a else name_a), finding.missing_in
+    if finding.verdict != "DIVERGENT":
+        return None
+    ts_a, ts_b = finding.witness_a.write_ts, finding.witness_b.write_ts
+    if ts_a is None or ts_b is None or ts_a == ts_b:
+        return None
+    return (name_a, name_b) if ts_a > ts_b else (name_b, name_a)
 
 
 Place = tuple[str, str, int]  # (replica, topic, partition)

@@ -43,11 +43,9 @@ import functools
 import json
 import os
 import random
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional, Sequence
 
 import dagster as dg
@@ -58,16 +56,15 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from resources.delta_reader import PARTITION_COLUMN, TABLE_NAME, check_table_name, table_uri, warehouse_uri
 from resources.delta_stats import file_stats
 from resources.errors import InvalidSetting
-from resources.filesystem import Location, delta_storage_options, spark_uri
+from resources.filesystem import Location, delta_storage_options
 from resources.session import has_native_delta
-from resources.snapshots import UnsafeNameError, check_snapshot_id
+from resources.snapshots import UnsafeNameError, check_snapshot_id  # noqa: F401 (UnsafeNameError: re-exported)
 from resources.tuning import DEFAULT_RETENTION_HOURS
 from schemas.conform import conform, local_frame
 
-PARTITION_COLUMN = "snapshot_id"
-_TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
 # Commits that lose a race to a concurrent writer are retried this many times in all.
 _COMMIT_ATTEMPTS = 10
 _ROWS = "__staged_rows"
@@ -98,12 +95,6 @@ def parquet_options(struct: T.StructType) -> dict[str, str]:
 def _snapshot_folder(write_folder: str, snapshot_id: str) -> str:
     """Where a write's files of one snapshot go: Hive-style, as ``partitionBy`` would name it (safe ids need no escaping)."""
     return f"{write_folder}/{PARTITION_COLUMN}={snapshot_id}"
-
-
-def check_table_name(name: str) -> str:
-    if not _TABLE_NAME.fullmatch(name):
-        raise UnsafeNameError(f"refusing table name {name!r}")
-    return name
 
 
 @dataclass(frozen=True)
@@ -343,15 +334,11 @@ class DeltaStore(dg.ConfigurableResource):
 
     # ----------------------------------------------------------------- paths
     def table_uri(self, table: str) -> str:
-        check_table_name(table)
-        return f"{self._root_uri()}/{table}"
+        # One name for Spark and delta-rs (both read s3a://), shared with the Spark-free reader.
+        return table_uri(self.warehouse_root, table)
 
     def _root_uri(self) -> str:
-        root = self.warehouse_root
-        if "://" not in root:
-            root = str(Path(root).expanduser().resolve())
-        # One name for Spark and delta-rs (both read s3a://).
-        return spark_uri(root).rstrip("/")
+        return warehouse_uri(self.warehouse_root)
 
     def _engine(self, spark: SparkSession) -> str:
         if self.engine == "embedded":
@@ -689,7 +676,7 @@ class DeltaStore(dg.ConfigurableResource):
             entry.name
             for entry in Location.of(self._root_uri()).list()
             if entry.is_dir
-            and _TABLE_NAME.fullmatch(entry.name)
+            and TABLE_NAME.fullmatch(entry.name)
             and DeltaTable.is_deltatable(self.table_uri(entry.name), storage_options=options)
         )
 

@@ -159,6 +159,20 @@ class Location:
         selector = pafs.FileSelector(self.path, recursive=True, allow_not_found=True)
         return sorted((i for i in self.fs.get_file_info(selector) if i.type == pafs.FileType.File), key=lambda i: i.path)
 
+    def write_text(self, text: str) -> None:
+        """Write this file whole (its folder created): a partial file is written beside it, then renamed into place
+        (one step on local disks and HDFS; object stores have no partial object to show anyway)."""
+        parent = self.path.rsplit("/", 1)[0]
+        self.fs.create_dir(parent, recursive=True)
+        partial = f"{parent}/.{self.path.rsplit('/', 1)[1]}.partial"
+        with self.fs.open_output_stream(partial) as out:
+            out.write(text.encode("utf-8"))
+        self.fs.move(partial, self.path)
+
+    def read_text(self) -> str:
+        with self.open() as stream:
+            return stream.read().decode("utf-8")
+
     def delete_tree(self) -> None:
         """Remove this folder and everything in it (nothing when it does not exist)."""
         if self.is_dir():

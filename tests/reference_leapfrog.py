@@ -12,6 +12,7 @@ from replica_lens.reference import (  # noqa: F401  (re-exported for the tests)
     Place,
     Vector,
     Version,
+    blocking,
     build_dump,
     compare_key,
     contribution,
@@ -19,6 +20,7 @@ from replica_lens.reference import (  # noqa: F401  (re-exported for the tests)
     find_gaps,
     leq,
     reference_verdicts,
+    resolution,
     token,
     vmax,
 )

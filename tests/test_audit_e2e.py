@@ -181,7 +181,7 @@ def test_a_simulated_snapshot_with_faults_reports_every_fault_and_nothing_else(s
     assert audit.success, audit.error
 
     proven_keys = {(r[0], r[1], r[4]) for r in _reports(spark, warehouse, "sim") if r[-1] in ("DIVERGENT", "MISSING")}
-    expected_keys = {(d["topic"], d["partition"], d["key"]) for d in truth["expected_divergent_keys"]}
+    expected_keys = {(d["topic"], d["partition"], d["key"]) for d in truth["keys_differing_at_end"]}
     faulty_keys = {
         (f["topic"], f["partition"], f["key"])
         for f in truth["injected_faults"]

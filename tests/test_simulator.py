@@ -291,7 +291,7 @@ def test_bad_options_are_refused():
 def test_healthy_replicas_converge_despite_conflicts_duplicates_and_rewinds(tmp_path):
     _, truth, rows = run(tmp_path, **SMALL, regions=4, conflicting_writes=6, duplicate_deliveries=3, rewind=2)
     assert differing_keys(rows) == set()
-    assert truth["expected_divergent_keys"] == []
+    assert truth["keys_differing_at_end"] == []
     # Every conflict was injected, and some replica held the losing value for a while.
     assert len(truth["conflicting_writes"]) == 6
     transient = 0
@@ -309,7 +309,7 @@ def test_healthy_replicas_converge_despite_conflicts_duplicates_and_rewinds(tmp_
 
 def test_lost_and_corrupted_writes_explain_exactly_the_keys_whose_final_states_differ(tmp_path):
     _, truth, rows = run(tmp_path, writes=3000, keys=2000, lost_writes=5, corrupted_values=5, duplicate_deliveries=2)
-    expected = {(d["topic"], d["partition"], d["key"]) for d in truth["expected_divergent_keys"]}
+    expected = {(d["topic"], d["partition"], d["key"]) for d in truth["keys_differing_at_end"]}
     assert expected == differing_keys(rows)
     assert expected  # some faults do change a final state
     faults = truth["injected_faults"]

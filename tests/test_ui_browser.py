@@ -14,6 +14,7 @@ shares the page-driving code in tests/ui_driver.py.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -59,10 +60,17 @@ def test_the_landing_sensor_audits_a_dropped_snapshot_and_the_ui_shows_it(dagste
     for key in ui.REPORT_METADATA:
         assert key in metadata, f"divergence_reports metadata lacks {key}: {sorted(metadata)}"
     # The simulated faults that stay in the final states are proven (the report is not all clean).
-    assert written["expected_divergent_keys"] >= 1, f"the simulated snapshot should hold a visible fault: {written}"
+    assert written["keys_differing_at_end"] >= 1, f"the simulated snapshot should hold a visible fault: {written}"
     proven = int(metadata["keys_divergent"]) + int(metadata["keys_missing"])
-    assert proven >= written["expected_divergent_keys"], (metadata, written)
+    assert proven >= written["keys_differing_at_end"], (metadata, written)
+
+    # The report page beside the tables, linked from the materialization with the first keys' pictures embedded.
+    page = Path(metadata["report_page"])
+    assert page.is_relative_to(dev.warehouse) and page.is_file(), metadata["report_page"]
+    assert metadata["keys_explained"] == proven + int(metadata["keys_in_flight"]), metadata
+    assert "data:image/png;base64," in metadata["most_important_keys"], metadata["most_important_keys"][:200]
+    report_png = ui.check_report_page(page, ui.SNAPSHOT_CONFIG.regions, tmp_path / "screenshots")
 
     graph_png, reports_png = ui.capture_ui(dev, run_id, ui.SNAPSHOT, metadata, tmp_path / "screenshots")
-    for png in (graph_png, reports_png):
+    for png in (graph_png, reports_png, report_png):
         assert png.read_bytes().startswith(b"\x89PNG"), png

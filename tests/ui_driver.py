@@ -358,7 +358,8 @@ def materialization_metadata(dev: DagsterDev, asset: str) -> tuple[str, str, dic
         """query($key: AssetKeyInput!) { assetOrError(assetKey: $key) { __typename ... on Asset {
             assetMaterializations(limit: 1) { runId partition metadataEntries { label
                 ... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue }
-                ... on TextMetadataEntry { text } } } } } }""",
+                ... on TextMetadataEntry { text } ... on PathMetadataEntry { path }
+                ... on MarkdownMetadataEntry { mdStr } } } } } }""",
         {"key": {"path": [asset]}},
     )["assetOrError"]
     if data["__typename"] != "Asset" or not data["assetMaterializations"]:
@@ -366,7 +367,9 @@ def materialization_metadata(dev: DagsterDev, asset: str) -> tuple[str, str, dic
     latest = data["assetMaterializations"][0]
     values = {}
     for entry in latest["metadataEntries"]:
-        values[entry["label"]] = next((entry[k] for k in ("intValue", "floatValue", "text") if entry.get(k) is not None), None)
+        values[entry["label"]] = next(
+            (entry[k] for k in ("intValue", "floatValue", "text", "path", "mdStr") if entry.get(k) is not None), None
+        )
     return latest["runId"], latest["partition"], values
 
 
@@ -460,3 +463,29 @@ def capture_ui(
         finally:
             context.close()
     return graph_png, reports_png
+
+
+def check_report_page(page_path: Path, replicas: int, out_dir: Path) -> Path:
+    """Opens the audit's report page (a file, no server) in Chromium and checks that its first, open explanation
+    draws one lane per replica and highlights the witness versions; writes out_dir/report-page.png."""
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=UI_TIMEOUT_MS)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shot = out_dir / "report-page.png"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.goto(page_path.resolve().as_uri())
+            first = page.locator("details.key").first
+            expect(first).to_have_attribute("open", "")
+            expect(first).to_have_attribute("data-verdict", re.compile("DIVERGENT|MISSING"))
+            picture = first.locator("svg").first
+            expect(picture).to_be_visible()
+            expect(picture.locator('[id^="key0-lane-"]')).to_have_count(replicas)
+            assert picture.locator('[id^="key0-witness-"]').count() >= 2, "the witness versions v and w are not marked"
+            page.screenshot(path=str(shot))
+        finally:
+            browser.close()
+    return shot

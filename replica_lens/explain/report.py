@@ -1,0 +1,108 @@
+"""The per-snapshot report: one self-contained page explaining every key that is not CONSISTENT.
+
+Written by the divergence step once its tables are committed, beside the tables at
+``<warehouse>/_reports/<snapshot_id>/divergence.html`` (a leading underscore is never a table
+name, and Delta and Spark skip such folders). It is built from the published tables with
+delta-rs (``reading.py``), no Spark job: every reported key is explained, most important first
+(DIVERGENT, MISSING, then IN_FLIGHT; more pairs first), with a timeline picture for the first
+``pictures`` of them (bounded, so that a snapshot of ten thousand IN_FLIGHT keys does not draw
+ten thousand pictures; each other key says which command draws its picture). A snapshot whose
+keys are all CONSISTENT gets a page with its summary alone, and nothing is drawn.
+
+``ui_markdown`` is what the ``divergence_reports`` materialization embeds: the few most
+important keys, each as a line of facts and a PNG picture (Dagster renders Markdown images
+given as data URIs, as its own examples do).
+"""
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Optional
+
+from replica_lens.explain.document import VERDICT_ORDER, redact, worst_verdict
+from replica_lens.explain.reading import SnapshotTables, explain_keys
+from resources.delta_reader import warehouse_uri
+from resources.filesystem import Location
+
+REPORTS_FOLDER = "_reports"
+PAGE_NAME = "divergence.html"
+
+
+def report_uri(warehouse: str, snapshot_id: str) -> str:
+    return f"{warehouse_uri(warehouse)}/{REPORTS_FOLDER}/{snapshot_id}/{PAGE_NAME}"
+
+
+def importance(doc: dict) -> tuple:
+    """The sort key of the page: the worst verdict first, then the keys with more non-consistent pairs."""
+    unsettled = sum(p["verdict"] != "CONSISTENT" for p in doc["pairs"])
+    return VERDICT_ORDER[worst_verdict(doc)], -unsettled, doc["topic"], doc["partition"], doc["key"]
+
+
+@dataclass
+class SnapshotReport:
+    uri: str
+    docs: list[dict]  # every explained key, most important first
+    pictured: int
+
+    def ui_markdown(self, count: int) -> Optional[str]:
+        """The ``count`` most important keys with their pictures, as Markdown for the materialization."""
+        shown = self.docs[:count]
+        if not shown:
+            return None
+        parts = [key_markdown(doc, full=False) for doc in shown]
+        more = len(self.docs) - len(shown)
+        if more:
+            parts.append(f"_{more} more key(s) in the report page ({self.uri})._")
+        return "\n".join(parts)
+
+
+def key_markdown(doc: dict, full: bool = True) -> str:
+    """One key as Markdown (Dagster's UI): its verdicts in a line, the picture as a PNG data URI and, when ``full``,
+    the whole text explanation."""
+    from replica_lens.explain.text import pair_headline, render_text
+    from replica_lens.explain.timeline import png
+
+    picture = base64.b64encode(png(doc)).decode("ascii")
+    lines = [
+        f"**{worst_verdict(doc)}** `{doc['key']}` in {doc['topic']}/{doc['partition']}: "
+        + "; ".join(pair_headline(doc, p) for p in doc["pairs"] if p["verdict"] != "CONSISTENT"),
+        "",
+        f"![timeline of {doc['key']}](data:image/png;base64,{picture})",
+        "",
+    ]
+    if full:
+        lines += ["```", render_text(doc).rstrip("\n"), "```", ""]
+    return "\n".join(lines)
+
+
+def build_report(
+    warehouse: str, snapshot_id: str, totals: dict[str, int], pictures: int, redacting: bool
+) -> SnapshotReport:
+    """Explain every reported key of the snapshot and write the page; return where, and the explanations."""
+    from replica_lens.explain.page import snapshot_page
+
+    tables = SnapshotTables(warehouse, snapshot_id)
+    reported = tables.reader.read("divergence_reports", snapshot_id, columns=["topic", "partition", "key"])
+    by_partition: dict[tuple[str, int], set[str]] = {}
+    for row in ([] if reported is None else reported.to_pylist()):
+        by_partition.setdefault((row["topic"], row["partition"]), set()).add(row["key"])
+    venice = tables.is_venice() if by_partition else False
+    docs = []
+    for (topic, partition), keys in sorted(by_partition.items()):
+        docs.extend(explain_keys(tables, topic, partition, sorted(keys), venice=venice, heartbeats=False).values())
+    docs.sort(key=importance)
+    # The pictured keys are explained again with their heartbeats (marked on the picture): one read per partition.
+    pictured: dict[tuple[str, int], list[str]] = {}
+    for doc in docs[:pictures]:
+        pictured.setdefault((doc["topic"], doc["partition"]), []).append(doc["key"])
+    again = {(topic, partition, key): doc
+             for (topic, partition), keys in pictured.items()
+             for key, doc in explain_keys(tables, topic, partition, keys, venice=venice).items()}
+    docs[:pictures] = [again[(d["topic"], d["partition"], d["key"])] for d in docs[:pictures]]
+    if redacting:
+        for doc in docs:
+            redact(doc)
+    uri = report_uri(warehouse, snapshot_id)
+    summary = {"snapshot_id": snapshot_id, "warehouse": warehouse, "redacted": redacting, **totals}
+    Location.of(uri).write_text(snapshot_page(summary, docs, pictures))
+    return SnapshotReport(uri=uri, docs=docs, pictured=min(pictures, len(docs)))
