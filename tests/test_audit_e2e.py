@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -146,6 +147,24 @@ def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_la
         assert checks[(asset, name)].passed and checks[(asset, name)].metadata["over_bound"].value == 0
     raw = audit.metadata["raw_topic_snapshots"]
     assert raw["rows_read"] == 102 and raw["rows_quarantined"] == 0 and raw["rows_accepted"] == 102
+    # What Dagster's Plots tab draws across runs must be numbers (catches a count or lag stored as text or JSON).
+    materialized = {
+        e.asset_key.to_user_string(): e.metadata
+        for e in (r.dagster_event.event_specific_data.materialization
+                  for r in instance.all_logs(audit.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION))
+    }
+    lag = [name for name in materialized["replication_lag"] if name.startswith(("lag_p50_ms ", "lag_p99_ms "))]
+    assert sorted(lag) == sorted(f"lag_{s}_ms {r}<-{o}" for s in ("p50", "p99") for r in ("dc-a", "dc-b")
+                                 for o in ("dc-a", "dc-b")), lag
+    assert all(isinstance(materialized["replication_lag"][name], dg.FloatMetadataValue) for name in lag)
+    for asset, names in (("divergence_reports", ("keys_divergent", "keys_missing", "keys_in_flight")),
+                         ("partition_watermarks", ("gaps", "gap_positions", "dumps_with_gaps"))):
+        assert all(isinstance(materialized[asset][n], dg.IntMetadataValue) for n in names), materialized[asset]
+    # The report page beside the tables explains every proven key (catches a page that drops keys past a bound).
+    page = Path(materialized["divergence_reports"]["report_page"].value)
+    assert page.parent.parent == warehouse.resolve() / "_reports" and page.is_file()
+    folded = set(re.findall(r'<details class="key" data-verdict="(\w+)" data-key="([^"]*)"', page.read_text()))
+    assert folded == {("DIVERGENT", key[4]) for key in expected_keys}, folded
     # Every table of the run was written, each with its snapshot's rows only.
     assert set(PER_SNAPSHOT_TABLES) <= set(audit.metadata)
 

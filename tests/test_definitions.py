@@ -35,17 +35,19 @@ def test_the_code_location_loads_with_exactly_its_jobs_sensors_and_schedule():
     repository = defs.get_repository_def()
     # Dagster adds its implicit asset job; every other job is one of ours.
     assert {job.name for job in repository.get_all_jobs()} - {"__ASSET_JOB"} == {
-        "audit_snapshot", "refresh_trend", "vacuum_warehouse",
+        "audit_snapshot", "refresh_trend", "vacuum_warehouse", "explain_key",
     }
     assert {sensor.name for sensor in repository.sensor_defs} == {"landing_sensor", "trend_after_audit"}
     assert {schedule.name for schedule in repository.schedule_defs} == {"reaudit_newest_snapshot", "vacuum_warehouse_daily"}
     # One process per run: Spark starts once and every step shares its JVM. The audit's independent steps run
     # side by side on threads (a multiprocess executor would start a JVM per step).
     assert defs.resolve_job_def("audit_snapshot").executor_def is threaded_in_process_executor
-    for name in ("refresh_trend", "vacuum_warehouse"):
+    for name in ("refresh_trend", "vacuum_warehouse", "explain_key"):
         job = defs.resolve_job_def(name)
         assert job.name == name
         assert job.executor_def is dg.in_process_executor, name
+    # Explaining a key reads the published tables with delta-rs: no Spark session is started for it.
+    assert "spark" not in defs.resolve_job_def("explain_key").required_resource_keys
     # Materializations launched from the UI (outside the jobs) too.
     assert defs.executor is threaded_in_process_executor
 

@@ -241,8 +241,13 @@ def dump_sentence(replica: dict) -> str:
                 + ", ".join(_gap_range(g) for g in dump["gap_ranges"]))
     else:
         gaps = "no gaps"
+    carried = ""
+    if replica.get("carried_from"):
+        carried = (f" It continues the state of snapshot {replica['carried_from']}: its verdicts also compared the "
+                   "versions carried from there, whose bounds (raised by that stream's L(end)) are not shown here.")
     return (f"dump: offsets {dump['first_offset']}..{dump['last_offset']}, {start}, "
-            f"P={vector_text(dump['pre_history_bound'])}, L(end)={vector_text(dump['end_lower_bound'])}, {gaps}.")
+            f"P={vector_text(dump['pre_history_bound'])}, L(end)={vector_text(dump['end_lower_bound'])}, {gaps}."
+            + carried)
 
 
 def witness_roles(doc: dict) -> dict[tuple[str, Optional[int]], list[str]]:
