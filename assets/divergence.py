@@ -236,8 +236,7 @@ def report_metadata(
     from replica_lens.explain.report import build_report
     from replica_lens.explain.text import explain_command
 
-    report = build_report(store.warehouse_root, snapshot_id, {k.lower(): v for k, v in totals.items()},
-                          settings.pictures, settings.redacting())
+    report = build_report(store.warehouse_root, snapshot_id, totals, settings.pictures, settings.redacting())
     context.log.info(f"report page: {report.uri} ({len(report.docs)} key(s) explained, {report.pictured} pictured)")
     metadata = {"report_page": dg.MetadataValue.path(report.uri), "keys_explained": len(report.docs),
                 "keys_pictured": report.pictured}

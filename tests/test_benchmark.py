@@ -46,6 +46,7 @@ VARIANT_FIELDS = {
     "ratio_to_floor", "ratio_to_parse_floor", "steps", "peak_jvm_mib", "success", "cpu", "repeated_audits",
     "output_floor", "output_write_seconds", "essential_pass_seconds", "audit_process_seconds",
     "audit_process_to_essential_pass", "pair_ratios", "cpu_ratio", "target_cpu_budget_seconds",
+    "explain_key_seconds", "explain_process_runs",
 }
 CPU_FIELDS = {"jvm_cpu_seconds", "jit_cpu_seconds", "gc_cpu_seconds"}
 STEP_FIELDS = {"step", "seconds", "rows_in", "rows_out", "peak_python_mib", "peak_jvm_mib", "tables"} | CPU_FIELDS
@@ -196,6 +197,11 @@ def test_the_floors_are_measured_and_the_ratios_follow_from_them(run):
         assert variant["pair_ratios"] == [
             pytest.approx(a["seconds"] / e["seconds"], abs=0.01) for e, a in zip(essential, audit_process)
         ], name
+        # Explaining one key of each audit process's warehouse, as a process of its own, succeeded and is timed.
+        explained = variant["explain_process_runs"]
+        assert len(explained) == len(audit_process) and all(r["exit_code"] == 0 for r in explained), explained
+        assert variant["explain_key_seconds"] == pytest.approx(
+            statistics.median(r["seconds"] for r in explained), abs=ROUNDING_S), name
         # CPU: each process's Python side (reaped) plus its JVM (sampled); both sides start a JVM and
         # import PySpark, so neither part may be missing. The CPU ratio is of the medians.
         for r in essential + audit_process:

@@ -400,7 +400,7 @@ def test_redaction_keeps_value_text_out_of_every_output(audited, tmp_path, capsy
     assert main([*args, "--json", str(json_path), "--html", str(html_path)]) == 0
     outputs = {"text": capsys.readouterr().out, "json": json_path.read_text(), "html": html_path.read_text()}
     assert "redacted" in outputs["text"] and report["witness_hash_a"][:12] in outputs["text"]
-    page = build_report(audited.warehouse_root, "spec", {"divergent": 1}, pictures=2, redacting=True)
+    page = build_report(audited.warehouse_root, "spec", {"DIVERGENT": 1}, pictures=2, redacting=True)
     outputs["report page"] = Location.of(page.uri).read_text()
     outputs["UI markdown"] = page.ui_markdown(2)
     result = explain_key_job.execute_in_process(

@@ -60,6 +60,10 @@ class VariantFigures:
     target_cpu_budget_seconds: Optional[float] = None
     essential_pass_runs: list[dict] = field(default_factory=list)
     audit_process_runs: list[dict] = field(default_factory=list)
+    # `replica-lens explain` of one key of each audit process's warehouse, as a whole process (delta-rs, no JVM):
+    # the median seconds, and each run (its key in ``detail``).
+    explain_key_seconds: Optional[float] = None
+    explain_process_runs: list[dict] = field(default_factory=list)
     # Spark over the whole in-process audit (steps and Dagster's work between them);
     # complete is False when the status store had dropped some of its jobs.
     spark: dict[str, Any] = field(default_factory=dict)

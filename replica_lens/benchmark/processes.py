@@ -118,6 +118,33 @@ def run_audit_process(landing: Path, warehouse: Path, snapshot_id: str, spark_ma
     return run
 
 
+def a_key(warehouse: Path, snapshot_id: str) -> tuple[str, int, str]:
+    """(topic, partition, key) of one key the audited snapshot holds: what the explain timing explains."""
+    import pyarrow.dataset as ds
+
+    from resources.delta_reader import TableReader
+
+    reader = TableReader(str(warehouse))
+    first = reader.read("partition_watermarks", snapshot_id, columns=["topic", "partition"]).to_pylist()[0]
+    where = (ds.field("topic") == first["topic"]) & (ds.field("partition") == first["partition"])
+    keys = reader.read("reconstructed_watermarks", snapshot_id, where, ["key"]).column("key")
+    return first["topic"], first["partition"], keys[len(keys) // 2].as_py()
+
+
+def run_explain_process(warehouse: Path, snapshot_id: str) -> ProcessRun:
+    """``replica-lens explain`` of one key of the audited snapshot, as a whole process (what an operator waits for)."""
+    topic, partition, key = a_key(warehouse, snapshot_id)
+    command = audit_command() + [
+        "explain", "--warehouse", str(warehouse), "--snapshot-id", snapshot_id, "--topic", topic,
+        "--partition", str(partition), "--key", key, "--json", "-",
+    ]
+    run, stdout, stderr = _time_process(command)
+    run.detail["key"] = {"topic": topic, "partition": partition, "key": key}
+    if run.exit_code != 0:
+        run.detail["stderr_tail"] = _tail(stderr)
+    return run
+
+
 def _median(values: list[float]) -> Optional[float]:
     return round(statistics.median(values), 2) if values else None
 
@@ -134,6 +161,8 @@ def _measure_processes(figures: VariantFigures, workdir: Path, landing: Path, sn
         warehouse = workdir / f"process-warehouse-{figures.variant}-{i}"
         audit = run_audit_process(landing, warehouse, snapshot_id, settings["spark_master"], settings["shuffle_partitions"])
         figures.audit_process_runs.append(asdict(audit))
+        if audit.exit_code == 0:  # the audited warehouse is there: explain one of its keys
+            figures.explain_process_runs.append(asdict(run_explain_process(warehouse, snapshot_id)))
         if not keep:
             shutil.rmtree(out, ignore_errors=True)
             shutil.rmtree(warehouse, ignore_errors=True)
@@ -143,6 +172,7 @@ def _measure_processes(figures: VariantFigures, workdir: Path, landing: Path, sn
     if figures.success:
         figures.essential_pass_seconds = _median([r["seconds"] for r in figures.essential_pass_runs])
         figures.audit_process_seconds = _median([r["seconds"] for r in figures.audit_process_runs])
+        figures.explain_key_seconds = _median([r["seconds"] for r in figures.explain_process_runs if r["exit_code"] == 0])
         figures.audit_process_to_essential_pass = round(figures.audit_process_seconds / figures.essential_pass_seconds, 2)
         figures.pair_ratios = [
             round(audit["seconds"] / essential["seconds"], 2)

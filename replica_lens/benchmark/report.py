@@ -30,6 +30,10 @@ def print_report(report: dict) -> None:
                 f"{v['audit_process_seconds']:>12} s {v['audit_process_to_essential_pass']:>6}x "
                 f"{'<= ' + str(target) if target else '':>7} {cpu:>10}  {pairs}"
             )
+        for v in processes:
+            if v.get("explain_key_seconds") is not None:
+                runs = ", ".join(f"{r['seconds']} s" for r in v.get("explain_process_runs", []))
+                print(f"  {v['variant']}: replica-lens explain of one key, median {v['explain_key_seconds']} s ({runs})")
     for variant in report["variants"]:
         print()
         print(

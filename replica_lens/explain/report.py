@@ -78,7 +78,10 @@ def key_markdown(doc: dict, full: bool = True) -> str:
 def build_report(
     warehouse: str, snapshot_id: str, totals: dict[str, int], pictures: int, redacting: bool
 ) -> SnapshotReport:
-    """Explain every reported key of the snapshot and write the page; return where, and the explanations."""
+    """Explain every reported key of the snapshot and write the page; return where, and the explanations.
+
+    ``totals``: keys per verdict (``DIVERGENT``, ... and ``COMPARED``), as the divergence step counted them.
+    """
     from replica_lens.explain.page import snapshot_page
 
     tables = SnapshotTables(warehouse, snapshot_id)
@@ -103,6 +106,8 @@ def build_report(
         for doc in docs:
             redact(doc)
     uri = report_uri(warehouse, snapshot_id)
-    summary = {"snapshot_id": snapshot_id, "warehouse": warehouse, "redacted": redacting, **totals}
+    summary = {"snapshot_id": snapshot_id, **{v: totals[v] for v in VERDICT_ORDER if v in totals},
+               "keys compared": totals.get("COMPARED"), "warehouse": warehouse,
+               "values": "redacted (hashes only)" if redacting else "shown"}
     Location.of(uri).write_text(snapshot_page(summary, docs, pictures))
     return SnapshotReport(uri=uri, docs=docs, pictured=min(pictures, len(docs)))
