@@ -232,19 +232,27 @@ def report_metadata(
     context: dg.AssetExecutionContext, store: DeltaStore, settings: ReportSettings, snapshot_id: str,
     totals: dict[str, int],
 ) -> dict:
-    """Write the snapshot's report page from the committed tables; its link and the first keys' pictures."""
+    """Write the snapshot's report page from the committed tables; its link and the first keys' pictures.
+
+    The tables are committed by then: a page that cannot be written (storage, a bug) is logged and named in the
+    metadata (``report_error``), and the step still succeeds with its tables.
+    """
     from replica_lens.explain.report import build_report
     from replica_lens.explain.text import explain_command
 
-    report = build_report(store.warehouse_root, snapshot_id, totals, settings.pictures, settings.redacting())
+    try:
+        report = build_report(store.warehouse_root, snapshot_id, totals, settings.pictures, settings.redacting())
+        metadata = {"report_page": dg.MetadataValue.path(report.uri), "keys_explained": len(report.docs),
+                    "keys_pictured": report.pictured}
+        if report.docs:
+            metadata["explain_first"] = dg.MetadataValue.text(explain_command(report.docs[0], store.warehouse_root))
+        markdown = report.ui_markdown(settings.ui_pictures)
+        if markdown is not None:
+            metadata["most_important_keys"] = dg.MetadataValue.md(markdown)
+    except Exception as error:  # noqa: BLE001 - the page is secondary to the published tables
+        context.log.warning(f"no report page for {snapshot_id}: {type(error).__name__}: {error}")
+        return {"report_error": f"{type(error).__name__}: {error}"}
     context.log.info(f"report page: {report.uri} ({len(report.docs)} key(s) explained, {report.pictured} pictured)")
-    metadata = {"report_page": dg.MetadataValue.path(report.uri), "keys_explained": len(report.docs),
-                "keys_pictured": report.pictured}
-    if report.docs:
-        metadata["explain_first"] = dg.MetadataValue.text(explain_command(report.docs[0], store.warehouse_root))
-    markdown = report.ui_markdown(settings.ui_pictures)
-    if markdown is not None:
-        metadata["most_important_keys"] = dg.MetadataValue.md(markdown)
     return metadata
 
 
