@@ -351,3 +351,19 @@ def test_the_worker_daemon_is_named_only_for_local_workers_that_run_this_interpr
     assert PYTHON_DAEMON_MODULE not in spark_config(master="local[2]")
     monkeypatch.delenv("PYSPARK_PYTHON")
     assert spark_config(master="local[*]")[PYTHON_DAEMON_MODULE] == LOCAL_PYTHON_DAEMON
+
+
+def test_a_report_page_that_cannot_be_written_leaves_the_step_standing(tmp_path):
+    """The divergence step's tables are committed before its page is written: a page that fails (here, a warehouse
+    under a plain file) is named in the metadata and logged, never raised. Catches the step failing after its
+    commit, which would show published tables as a failed materialization."""
+    from assets.divergence import report_metadata
+    from resources.delta_store import DeltaStore
+    from resources.reports import ReportSettings
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    context = dg.build_asset_context()
+    metadata = report_metadata(context, DeltaStore(warehouse_root=str(blocker / "warehouse")), ReportSettings(),
+                               "s1", {"COMPARED": 0})
+    assert set(metadata) == {"report_error"} and "Error" in metadata["report_error"], metadata
