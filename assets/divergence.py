@@ -237,16 +237,16 @@ def report_metadata(
     The tables are committed by then: a page that cannot be written (storage, a bug) is logged and named in the
     metadata (``report_error``), and the step still succeeds with its tables.
     """
-    from replica_lens.explain.report import build_report
-    from replica_lens.explain.text import explain_command
+    from explain.report import build_report
+    from explain.text import explain_command
 
     try:
-        report = build_report(store.warehouse_root, snapshot_id, totals, settings.pictures, settings.redacting())
+        report = build_report(store.warehouse_root, snapshot_id, totals, settings.page_pictures(), settings.redacting())
         metadata = {"report_page": dg.MetadataValue.path(report.uri), "keys_explained": len(report.docs),
                     "keys_pictured": report.pictured}
         if report.docs:
             metadata["explain_first"] = dg.MetadataValue.text(explain_command(report.docs[0], store.warehouse_root))
-        markdown = report.ui_markdown(settings.ui_pictures)
+        markdown = report.ui_markdown(settings.embedded_pictures())
         if markdown is not None:
             metadata["most_important_keys"] = dg.MetadataValue.md(markdown)
     except Exception as error:  # noqa: BLE001 - the page is secondary to the published tables

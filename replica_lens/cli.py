@@ -64,8 +64,8 @@ def _audit(args: argparse.Namespace) -> int:
     # Spark resource then gets this same session (same settings, see resources/session.py).
     from resources.session import start_in_background
 
-    if args.redact_values is not None:  # the run's report settings read it (replica_lens/explain/redaction.py)
-        from replica_lens.explain.redaction import REDACT_ENV
+    if args.redact_values is not None:  # the run's report settings read it (resources/redaction.py)
+        from resources.redaction import REDACT_ENV
 
         os.environ[REDACT_ENV] = "1" if args.redact_values else "0"
     start_in_background(master=args.spark_master, shuffle_partitions=args.shuffle_partitions, delta_jars_dir=args.delta_jars)
@@ -91,20 +91,20 @@ def _audit(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     # Nothing of Spark or Dagster is imported: the published tables are read with delta-rs.
-    from replica_lens.explain.document import redact
-    from replica_lens.explain.reading import explain_key, key_of
-    from replica_lens.explain.redaction import redacting
-    from replica_lens.explain.text import render_text
+    from explain.document import redact
+    from explain.reading import explain_key, key_of
+    from resources.redaction import redacting
+    from explain.text import render_text
 
     doc = explain_key(args.warehouse, args.snapshot_id, args.topic, args.partition, key_of(args.key, args.key_text))
     if redacting(args.redact_values):
         redact(doc)
     if args.html:
-        from replica_lens.explain.page import key_page
+        from explain.page import key_page
 
         _write_text(args.html, key_page(doc))
     if args.png:
-        from replica_lens.explain.timeline import png
+        from explain.timeline import png
 
         _write_bytes(args.png, png(doc, dpi=100))
     if args.json:

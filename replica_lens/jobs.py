@@ -200,9 +200,9 @@ class ExplainKeyConfig(dg.Config):
 def explain_key_op(
     context: dg.OpExecutionContext, config: ExplainKeyConfig, store: DeltaStore, reports: ReportSettings
 ) -> dg.Output:
-    from replica_lens.explain.document import redact, worst_verdict
-    from replica_lens.explain.reading import explain_key, key_of
-    from replica_lens.explain.report import key_markdown
+    from explain.document import redact, worst_verdict
+    from explain.reading import explain_key, key_of
+    from explain.report import key_markdown
     from resources.errors import UsageError
 
     try:

@@ -1,21 +1,38 @@
 """Settings of what the audit shows people beyond its tables: the per-snapshot report page and the UI's pictures.
 
 ``redact_values`` keeps every value's text out of the page, the UI metadata and the logs
-(``replica_lens/explain/redaction.py``: unset, ``REPLICA_LENS_REDACT_VALUES`` decides).
-``pictures`` bounds how many keys of a snapshot's report get a timeline picture (the most
-important first: DIVERGENT, MISSING, then IN_FLIGHT); every other key is still explained, in
-text, with the command that draws its picture. ``ui_pictures`` is how many of those pictures
-the ``divergence_reports`` materialization embeds.
+(``resources/redaction.py``: unset, ``REPLICA_LENS_REDACT_VALUES`` decides). ``pictures``
+bounds how many keys of a snapshot's report get a timeline picture (the most important first:
+DIVERGENT, MISSING, then IN_FLIGHT); every other key is still explained, in text, with the
+command that draws its picture. ``ui_pictures`` is how many of those pictures the
+``divergence_reports`` materialization embeds. Each field, unset, is read from the environment
+(``REPLICA_LENS_REPORT_PICTURES``, ``REPLICA_LENS_REPORT_UI_PICTURES``), else its default.
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import dagster as dg
 from pydantic import Field
 
+from resources.errors import InvalidSetting
+
 DEFAULT_PICTURES = 10
 DEFAULT_UI_PICTURES = 3
+PICTURES_ENV = "REPLICA_LENS_REPORT_PICTURES"
+UI_PICTURES_ENV = "REPLICA_LENS_REPORT_UI_PICTURES"
+
+
+def _count(value: Optional[int], env: str, default: int) -> int:
+    if value is not None:
+        return value
+    text = os.environ.get(env, "").strip()
+    if not text:
+        return default
+    if not text.isdigit():
+        raise InvalidSetting(f"{env} must be a whole number of at least 0, got {text!r}")
+    return int(text)
 
 
 class ReportSettings(dg.ConfigurableResource):
@@ -26,17 +43,25 @@ class ReportSettings(dg.ConfigurableResource):
         description="Keep every value's text out of pages, UI metadata and logs (hashes only). Unset: "
         "REPLICA_LENS_REDACT_VALUES (1/true/yes/on), else off.",
     )
-    pictures: int = Field(
-        default=DEFAULT_PICTURES, ge=0,
+    pictures: Optional[int] = Field(
+        default=None, ge=0,
         description="Keys of a snapshot's report page drawn as timeline pictures, the most important first; the "
-        "others are explained in text with the command that draws theirs.",
+        f"others are explained in text with the command that draws theirs. Unset: {PICTURES_ENV}, else "
+        f"{DEFAULT_PICTURES}.",
     )
-    ui_pictures: int = Field(
-        default=DEFAULT_UI_PICTURES, ge=0,
-        description="Timeline pictures embedded in the divergence_reports materialization.",
+    ui_pictures: Optional[int] = Field(
+        default=None, ge=0,
+        description=f"Timeline pictures embedded in the divergence_reports materialization. Unset: {UI_PICTURES_ENV}, "
+        f"else {DEFAULT_UI_PICTURES}.",
     )
 
     def redacting(self) -> bool:
-        from replica_lens.explain.redaction import redacting
+        from resources.redaction import redacting
 
         return redacting(self.redact_values)
+
+    def page_pictures(self) -> int:
+        return _count(self.pictures, PICTURES_ENV, DEFAULT_PICTURES)
+
+    def embedded_pictures(self) -> int:
+        return _count(self.ui_pictures, UI_PICTURES_ENV, DEFAULT_UI_PICTURES)

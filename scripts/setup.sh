@@ -28,5 +28,5 @@ fi
 # An editable install leaves the project's modules uncompiled (pip compiles only what it copies).
 # Where PYTHONDONTWRITEBYTECODE is set (common in containers) every command would compile them
 # from source again at every start (docs/performance.md). Compile them once here.
-.venv/bin/python -m compileall -q assets pipelines resources schemas replica_lens
+.venv/bin/python -m compileall -q assets pipelines explain resources schemas replica_lens
 echo "setup: .venv ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -n 1))"

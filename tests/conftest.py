@@ -48,9 +48,17 @@ def _without_child_options(options: str) -> str:
     return " ".join(option for option in options.split() if option != CHILD_JVM_OPTIONS)
 
 
+# The suite audits dozens of snapshots with proven keys; drawing each report page's timeline pictures (matplotlib,
+# about 0.1-0.3 s each and its import) is the point of a few tests only: those set the counts themselves (the
+# browser test's server, the explain and redaction tests, which call the page and the job directly). Every audit
+# still writes its page, in text.
+REPORT_PICTURES = {"REPLICA_LENS_REPORT_PICTURES": "0", "REPLICA_LENS_REPORT_UI_PICTURES": "0"}
+
+
 def pytest_configure(config):
     # xdist's workers inherit the controller's environment, where this already ran.
     os.environ[SUBMIT_OPTS] = f"{_without_child_options(os.environ.get(SUBMIT_OPTS, ''))} {CHILD_JVM_OPTIONS}".strip()
+    os.environ.update(REPORT_PICTURES)
 
 
 def pytest_collection_modifyitems(items):

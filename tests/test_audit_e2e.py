@@ -17,6 +17,7 @@ from replica_lens.cli import main
 from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
 from schemas.registry import struct_for
+from tests.explained import assert_explanations_equal_the_reference
 from tests.rows import EXAMPLES, PER_SNAPSHOT_TABLES
 
 EXAMPLE = EXAMPLES
@@ -339,6 +340,9 @@ def test_a_compacted_lossy_snapshot_shows_its_gaps_and_proves_only_what_the_comp
     assert "proofs are limited" in summary
     document = audit_document(audit)
     assert document["gaps"]["proofs_limited"] is True and document["gaps"]["dumps_with_gaps"] == len(gapped)
+
+    # `replica-lens explain` on the dump with gaps: reach rows cut at gaps, U after a gap, ⊥ over the first gap.
+    assert assert_explanations_equal_the_reference(str(warehouse), "damaged") >= 30
 
     on_topic = {(p["topic"], p["partition"], p["replica_a"], p["replica_b"], p["key"])
                 for p in truth["damage"]["complete_topic_proofs"]}

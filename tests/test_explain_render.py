@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from replica_lens.explain.document import ReplicaInput, explain, redact
-from replica_lens.explain.page import OPEN_FOLDS, key_page, snapshot_page
-from replica_lens.explain.text import NO_VERSIONS, WIDTH, render_text
-from replica_lens.explain.timeline import gap_id, lane_id, png, svg, uses_time_axis, witness_id
+from explain.document import ReplicaInput, explain, redact
+from explain.page import OPEN_FOLDS, key_page, snapshot_page
+from explain.text import NO_VERSIONS, WIDTH, render_text
+from explain.timeline import gap_id, lane_id, png, svg, uses_time_axis, witness_id
 
 DATA = Path(__file__).parent / "data" / "explain"
 MS = 1_700_000_000_000
@@ -366,6 +366,6 @@ def test_png_is_900_pixels_wide_and_120_plus_70_per_lane_high():
 
 def test_importing_the_renderers_does_not_import_matplotlib():
     """Catches a module-level matplotlib import, which every ``replica-lens explain`` run would pay for."""
-    code = ("import sys, replica_lens.explain.page, replica_lens.explain.timeline; "
+    code = ("import sys, explain.page, explain.timeline; "
             "assert 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

@@ -24,7 +24,7 @@ from replica_lens.audit import run_audit
 from replica_lens.simulator import SimulationConfig, simulate, venice_key, venice_value
 from resources.delta_store import DeltaStore
 from resources.filesystem import Location
-from tests.reference_leapfrog import dumps_of, reference_verdicts
+from tests.explained import assert_explanations_equal_the_reference
 from tests.rows import plain
 from resources.landing import parse_cluster_regions
 from schemas.registry import struct_for
@@ -56,13 +56,8 @@ CHUNK_ABOVE = 48
 PRODUCTION = dict(file_format="venice-kafka", compression="zstd-dict", chunk_above=CHUNK_ABOVE, push_control_messages=True)
 
 
-# The same history compacted and with records lost on the way: a dump with gaps (SPEC 3a), for the explanations.
-COMPACTED = dict(file_format="jsonl", compact_below=0.5, lose_records=0.03)
-
-
 def _simulate_both(landing: Path, production: bool = False) -> dict:
     spec = simulate(str(landing), "spec", SimulationConfig(**HISTORY, file_format="jsonl"))
-    simulate(str(landing), "compacted", SimulationConfig(**HISTORY, **COMPACTED))
     venice = simulate(str(landing), "venice", SimulationConfig(**HISTORY, file_format="venice-kafka"))
     assert spec["rows"] == venice["rows"], "the same seed and knobs must simulate the same history"
     if production:
@@ -82,7 +77,7 @@ def audited(tmp_path_factory, landing):
     warehouse = tmp_path_factory.mktemp("warehouse")
     venice = _simulate_both(landing, production=True)
     decode = {"cluster_regions": venice["cluster_regions"], "venice_clock_uncertainty_ms": venice["clock_uncertainty_ms"]}
-    for sid, extra in (("spec", {}), ("compacted", {}), ("venice", decode), ("production", decode)):
+    for sid, extra in (("spec", {}), ("venice", decode), ("production", decode)):
         audit = run_audit(sid, str(landing), str(warehouse), **SETTINGS, **extra)
         assert audit.success, audit.error
     return DeltaStore(warehouse_root=str(warehouse))
@@ -246,86 +241,13 @@ def test_compressed_chunked_records_are_all_accounted_for(spark, audited, landin
 
 
 # ------------------------------------------------------------------ explaining a key (SPEC 10)
-def _reference_of(store: DeltaStore, snapshot_id: str) -> tuple[dict, dict]:
-    """The plain reference's dumps and findings of a snapshot, from its raw rows and its read-but-skipped positions."""
-    from resources.delta_reader import TableReader
-
-    reader = TableReader(store.warehouse_root)
-    raw = [r for r in reader.read("raw_topic_snapshots", snapshot_id).to_pylist() if r["kind"] != "EXPORTER_POSITION"]
-    for r in raw:
-        r["hb_vector"] = None if r["hb_vector"] is None else dict(r["hb_vector"])
-    skipped: dict = {}
-    for r in reader.read("raw_topic_skipped", snapshot_id, columns=["replica", "topic", "partition", "offset"]).to_pylist():
-        skipped.setdefault((r["replica"], r["topic"], r["partition"]), []).append(r["offset"])
-    return dumps_of(raw, skipped), reference_verdicts(raw, skipped)
-
-
-def _explained_as_reference(doc: dict) -> tuple[dict, dict]:
-    """An explanation's versions and pairs, in the reference's terms."""
-    versions = {
-        r["replica"]: [(v["offset"], v["value_hash"] or "ABSENT", v["touch_bound"], v["reach"], v["reach_row"],
-                        v["gap_before"], v["gap_after"]) for v in r["versions"]]
-        for r in doc["replicas"]
-    }
-    pairs = {
-        (p["replica_a"], p["replica_b"]): (
-            p["verdict"], p["witness"] and (p["witness"]["offset_a"], p["witness"]["offset_b"]),
-            [(b["replica"], b["region"], b["needs"], b["has"]) for b in p["blocking"]],
-            p["resolution"] and (p["resolution"]["expected_replica"], p["resolution"]["deviating_replica"]),
-        )
-        for p in doc["pairs"]
-    }
-    return versions, pairs
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("snapshot_id", ["spec", "compacted", "venice", "production"])
+@pytest.mark.parametrize("snapshot_id", ["spec", "venice", "production"])
 def test_explanations_equal_the_plain_reference(audited, snapshot_id):
-    """``replica-lens explain``'s document, read from the published tables, against the plain reference of the SPEC
-    rules on the raw rows, for every non-consistent key and as many consistent ones: U, M, the row M comes from,
-    the gap marks, verdict, witness, blocking and resolution. Catches a reach_row taken from the key's next row
-    across a gap (the compacted dump), ⊥'s reach row when the key's first row follows a gap, a chunk's or control
-    message's position taken for a gap (production), blocking entries on the wrong side or with M's component
-    taken from the wrong version, a resolution that ignores write times, and a witness read from another pair."""
-    from replica_lens.explain.reading import SnapshotTables, explain_keys
-    from tests.reference_leapfrog import blocking, resolution
-
-    dumps, findings = _reference_of(audited, snapshot_id)
-    if snapshot_id == "compacted":
-        assert any(d.gaps for d in dumps.values()), "the compacted dump has no gap: it would test nothing of SPEC 3a"
-    chosen: dict = {}
-    unproven = Counter()
-    for (topic, partition, _, _, key), finding in findings.items():
-        if finding.verdict != "CONSISTENT" or unproven[(topic, partition)] < 15:
-            unproven[(topic, partition)] += finding.verdict == "CONSISTENT"
-            chosen.setdefault((topic, partition), set()).add(key)
-    # Compaction hides the faults' history (a dump proves less, never more): there, IN_FLIGHT keys over gaps.
-    needed = {"IN_FLIGHT", "CONSISTENT"} | ({"DIVERGENT"} if snapshot_id != "compacted" else set())
-    assert {f.verdict for f in findings.values()} >= needed
-    tables = SnapshotTables(audited.warehouse_root, snapshot_id)
-    compared = 0
-    for (topic, partition), keys in sorted(chosen.items()):
-        docs = explain_keys(tables, topic, partition, sorted(keys), heartbeats=False)
-        for key, doc in docs.items():
-            versions, pairs = _explained_as_reference(doc)
-            replicas = sorted(r for (r, t, p) in dumps if (t, p) == (topic, partition))
-            expected_versions = {
-                r: [(v.offset, v.token, v.touch, v.reach, v.reach_row, v.gap_before, v.gap_after)
-                    for v in dumps[(r, topic, partition)].versions(key)]
-                for r in replicas
-            }
-            assert versions == expected_versions, (snapshot_id, topic, partition, key)
-            expected_pairs = {}
-            for a, b in ((a, b) for i, a in enumerate(replicas) for b in replicas[i + 1:]):
-                f = findings.get((topic, partition, a, b, key))
-                va, vb = dumps[(a, topic, partition)].versions(key), dumps[(b, topic, partition)].versions(key)
-                proven = f.verdict in ("DIVERGENT", "MISSING")
-                expected_pairs[(a, b)] = (
-                    f.verdict, (f.witness_a.offset, f.witness_b.offset) if proven else None,
-                    blocking(va, vb, a, b) if f.verdict == "IN_FLIGHT" else [], resolution(f, a, b),
-                )
-            assert pairs == expected_pairs, (snapshot_id, topic, partition, key)
-            compared += 1
+    """``replica-lens explain``'s documents against the plain reference of the SPEC rules (``tests/explained.py``),
+    on SPEC rows, Venice records and compressed, chunked Venice records (a chunk's or control message's position
+    taken for a gap would move reach rows and gap marks). The dump with gaps: tests/test_audit_e2e.py."""
+    compared = assert_explanations_equal_the_reference(audited.warehouse_root, snapshot_id)
     assert compared >= 30
 
 
@@ -388,7 +310,7 @@ def test_redaction_keeps_value_text_out_of_every_output(audited, tmp_path, capsy
     anywhere: the text, the JSON, the page with its picture, the job's metadata. Catches a renderer or metadata
     entry that reads the value past the redaction (the witness values of this history are known strings)."""
     from replica_lens.cli import main
-    from replica_lens.explain.report import build_report
+    from explain.report import build_report
     from replica_lens.jobs import explain_key_job
     from resources.reports import ReportSettings
 

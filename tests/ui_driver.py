@@ -191,6 +191,9 @@ def dagster_dev(root: Path) -> Iterator[DagsterDev]:
         "PYSPARK_PYTHON": sys.executable,
         # The sensor looks every few seconds instead of every 30: the snapshot dropped is picked up soon.
         "REPLICA_LENS_LANDING_SENSOR_INTERVAL_S": str(SENSOR_INTERVAL_S),
+        # The report page's pictures, which the suite's other audits leave out (tests/conftest.py), as by default.
+        "REPLICA_LENS_REPORT_PICTURES": "10",
+        "REPLICA_LENS_REPORT_UI_PICTURES": "3",
     }
     with log_path.open("w", encoding="utf-8") as log:
         process = subprocess.Popen(

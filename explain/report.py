@@ -19,8 +19,8 @@ import base64
 from dataclasses import dataclass
 from typing import Optional
 
-from replica_lens.explain.document import VERDICT_ORDER, redact, worst_verdict
-from replica_lens.explain.reading import SnapshotTables, explain_keys
+from explain.document import VERDICT_ORDER, redact, worst_verdict
+from explain.reading import SnapshotTables, explain_keys
 from resources.delta_reader import warehouse_uri
 from resources.filesystem import Location
 
@@ -59,8 +59,8 @@ class SnapshotReport:
 def key_markdown(doc: dict, full: bool = True) -> str:
     """One key as Markdown (Dagster's UI): its verdicts in a line, the picture as a PNG data URI and, when ``full``,
     the whole text explanation."""
-    from replica_lens.explain.text import pair_headline, render_text
-    from replica_lens.explain.timeline import png
+    from explain.text import pair_headline, render_text
+    from explain.timeline import png
 
     picture = base64.b64encode(png(doc)).decode("ascii")
     lines = [
@@ -82,7 +82,7 @@ def build_report(
 
     ``totals``: keys per verdict (``DIVERGENT``, ... and ``COMPARED``), as the divergence step counted them.
     """
-    from replica_lens.explain.page import snapshot_page
+    from explain.page import snapshot_page
 
     tables = SnapshotTables(warehouse, snapshot_id)
     reported = tables.reader.read("divergence_reports", snapshot_id, columns=["topic", "partition", "key"])

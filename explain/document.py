@@ -1,6 +1,6 @@
 """The explanation of one key (docs/explain.md): every replica's versions and every pair's verdict, as one document.
 
-Pure Python over rows already read (``replica_lens/explain/reading.py`` reads them from the
+Pure Python over rows already read (``explain/reading.py`` reads them from the
 published tables): nothing here touches Spark or storage, so the text, the JSON, the pages
 and the Dagster metadata all show the same facts, and the tests check them against the
 plain reference of the SPEC rules (``replica_lens/reference.py``).

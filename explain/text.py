@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Optional
 
-from replica_lens.explain.document import leq, version_name, witness_versions, worst_verdict
+from explain.document import leq, version_name, witness_versions, worst_verdict
 
 WIDTH = 100
 INDENT = "    "

@@ -13,7 +13,7 @@ from typing import Iterable, Optional
 
 import pyarrow.dataset as ds
 
-from replica_lens.explain.document import ReplicaInput, explain
+from explain.document import ReplicaInput, explain
 from resources.delta_reader import TableReader
 from resources.errors import UsageError
 

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterator, Optional
 
-from replica_lens.explain.document import worst_verdict
-from replica_lens.explain.text import NO_VERSIONS, pieces, shown
+from explain.document import worst_verdict
+from explain.text import NO_VERSIONS, pieces, shown
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -13,8 +13,8 @@ from __future__ import annotations
 from html import escape
 from typing import Optional
 
-from replica_lens.explain import text
-from replica_lens.explain.document import VERDICT_ORDER, worst_verdict
+from explain import text
+from explain.document import VERDICT_ORDER, worst_verdict
 
 OPEN_FOLDS = 3  # the report opens the first few keys
 PICTURE_FILE = "FILE"
@@ -146,7 +146,7 @@ def explanation_html(doc: dict, picture: str) -> str:
 
 def key_page(doc: dict) -> str:
     """One key's self-contained page: its explanation with the timeline picture inline."""
-    from replica_lens.explain.timeline import svg
+    from explain.timeline import svg
 
     title = f"{worst_verdict(doc)} {text.shown(doc['key'])} in {doc['topic']}/{doc['partition']}"
     body = f"<h1>{_e(title)}</h1>{_legend()}{explanation_html(doc, svg(doc))}"
@@ -194,7 +194,7 @@ def snapshot_page(summary: dict, docs: list[dict], pictures: int) -> str:
     ``warehouse`` (named in the commands that draw the pictures left out); any other item is shown
     in a small table. The first ``pictures`` documents get their picture inline.
     """
-    from replica_lens.explain.timeline import svg
+    from explain.timeline import svg
 
     warehouse = str(summary.get("warehouse", "WAREHOUSE"))
     folds = "".join(
