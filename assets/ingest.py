@@ -16,6 +16,7 @@ from pipelines.reading import (
 )
 from pipelines.push_settings import parse_push_settings
 from pipelines.venice_frame import UnknownPushSettings, unknown_cluster_id_in, unknown_cluster_ids_message
+from pipelines.venice_values import Limits
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource
@@ -50,7 +51,7 @@ def raw_topic_snapshots(
     # Raw Venice records, if the snapshot holds any: cluster id -> region from the landing resource.
     with spark.sized_for(files.estimated_rows()) as evaluation:
         venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms(),
-                                parse_push_settings(landing.push_settings_file()))
+                                parse_push_settings(landing.push_settings_file()), Limits(**landing.limit_settings()))
         try:
             lines = read_snapshot_lines(session, folder, venice)
         except UnknownPushSettings as exc:

@@ -71,7 +71,7 @@ from pipelines.venice_frame import (
     venice_lines,
     venice_skipped_positions,
 )
-from pipelines.venice_values import PushSettings
+from pipelines.venice_values import Limits, PushSettings
 from resources.filesystem import Location
 from resources.snapshots import SUCCESS_MARKER
 from schemas.conform import conform, local_frame
@@ -102,6 +102,8 @@ class VeniceSettings:
     clock_uncertainty_ms: int = 0
     # Per version topic, its compression and chunking where the snapshot holds no START_OF_PUSH of it.
     push_settings: dict[str, PushSettings] = field(default_factory=dict)
+    # The largest value (decompressed, reassembled) and chunk count one record may make the decoder hold.
+    limits: Limits = field(default_factory=Limits)
 
 
 # What read_snapshot_lines returns. read_error is set only on the one row standing for an
@@ -285,7 +287,7 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: Venice
         if is_venice:
             records = table.select("*", _source_file_name(table).alias("source_file"))
             push = resolve_push_settings(records, venice.push_settings)
-            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, push))
+            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, push, venice.limits))
             continue
         columns = [F.col("`" + name.replace("`", "``") + "`") for name in table.columns]
         frames.append(

@@ -65,7 +65,8 @@ Mapping to SPEC 1 (``decode_record``):
   every record of the topic as ``push`` (``pipelines/venice_values.py`` has the facts).
 - UPDATE (partial update) -> quarantined UPDATE_NOT_APPLIED.
 - Compression: a PUT's value is decompressed with ``push`` (UNDECOMPRESSABLE_VALUE when it does not
-  decompress, COMPRESSED_VALUE for a strategy Venice does not have).
+  decompress, COMPRESSED_VALUE for a strategy Venice does not have), a piece at a time and never past
+  ``limits.max_value_bytes`` (VALUE_TOO_LARGE: a decompression bomb costs the limit, not what it expands to).
 - Chunking (``push.chunked``): a data key's ``02 00`` suffix is stripped (MALFORMED_RECORD without
   it); a chunk (PUT, schemaId -10) is skipped VALUE_CHUNK, its key and bytes kept for its manifest;
   a manifest (PUT, schemaId -20) comes out as outcome "manifest", finished by
@@ -232,9 +233,11 @@ def decode_record(
     cluster_regions: dict[int, str],
     clock_uncertainty_ms: int = 0,
     push: PushSettings = NOT_DECLARED,
+    limits: values.Limits = values.Limits(),
 ) -> dict:
     """One Kafka record of a version topic -> its outcome (see the module's docstring). ``push`` is what
-    the version topic's START_OF_PUSH declares (compression, chunking)."""
+    the version topic's START_OF_PUSH declares (compression, chunking); ``limits`` bound what one value may
+    make the decoder hold (VALUE_TOO_LARGE past them)."""
     key, value = bytes(key or b""), bytes(value or b"")
     if len(key) < 1 or len(value) < 2:
         return _out("quarantined", "MALFORMED_RECORD")
@@ -285,6 +288,10 @@ def decode_record(
             manifest = values.decode_manifest(bytes(payload["putValue"]))
         except ValueError:
             return _out("quarantined", "MALFORMED_RECORD")
+        try:
+            values.check_manifest(manifest, limits)
+        except values.ValueTooLarge:
+            return _out("quarantined", "VALUE_TOO_LARGE")
     if push.chunked and mt in (MT_PUT, MT_DELETE):
         if not key_bytes.endswith(values.NON_CHUNK_SUFFIX):
             return _out("quarantined", "MALFORMED_RECORD")
@@ -294,6 +301,11 @@ def decode_record(
         rmd = bytes(payload["replicationMetadataPayload"])
         if manifest is not None:
             rmd_chunks = values.rmd_manifest(rmd, key_bytes)
+            if rmd_chunks is not None:
+                try:
+                    values.check_manifest(rmd_chunks, limits)
+                except values.ValueTooLarge:
+                    return _out("quarantined", "VALUE_TOO_LARGE")
         if rmd_chunks is None:
             try:
                 write_ts = rmd_write_ts(payload["replicationMetadataVersionId"], rmd)
@@ -301,7 +313,7 @@ def decode_record(
                 return _out("quarantined", "MALFORMED_RECORD")
     put_value = None
     if mt == MT_PUT and manifest is None:
-        put_value, refused = _decompressed(push, bytes(payload["putValue"]))
+        put_value, refused = _decompressed(push, bytes(payload["putValue"]), limits)
         if refused:
             return _out("quarantined", refused)
     footer = env.get("leaderMetadataFooter")
@@ -337,17 +349,21 @@ def decode_record(
     return _out("row", None, row)
 
 
-def _decompressed(push: PushSettings, data: bytes) -> tuple[bytes | None, str | None]:
-    """(the value as written, None), or (None, the quarantine reason when it cannot be decompressed)."""
+def _decompressed(push: PushSettings, data: bytes, limits: values.Limits) -> tuple[bytes | None, str | None]:
+    """(the value as written, None), or (None, the quarantine reason when it cannot be decompressed within the limit)."""
     try:
-        return values.decompress(push, data), None
+        return values.decompress(push, data, limits.max_value_bytes), None
     except values.UnsupportedCompression:
         return None, "COMPRESSED_VALUE"
+    except values.ValueTooLarge:
+        return None, "VALUE_TOO_LARGE"
     except values.CorruptValue:
         return None, "UNDECOMPRESSABLE_VALUE"
 
 
-def assemble_manifest(decoded: dict, chunks: dict[bytes, bytes], push: PushSettings) -> dict:
+def assemble_manifest(
+    decoded: dict, chunks: dict[bytes, bytes], push: PushSettings, limits: values.Limits = values.Limits()
+) -> dict:
     """A manifest's outcome (``decode_record``'s "manifest") with its chunks (chunk key -> bytes, those of
     the dump under the manifest's keys) -> the logical PUT at the manifest's position: the reassembled,
     then decompressed value with the manifest's schema id, and the write time of the RMD (reassembled
@@ -368,7 +384,7 @@ def assemble_manifest(decoded: dict, chunks: dict[bytes, bytes], push: PushSetti
         out["missing"] = (f"{len(manifest['keys'])} value chunks, {len(described)} not in the dump: "
                           + ", ".join(described))
         return out
-    value, refused = _decompressed(push, data)
+    value, refused = _decompressed(push, data, limits)
     if refused:
         return _out("quarantined", refused)
     if rmd is not None:

@@ -31,7 +31,7 @@ from pyspark.sql import types as T
 import pipelines.venice as venice
 import pipelines.venice_protocol as venice_protocol
 import pipelines.venice_values as venice_values
-from pipelines.venice_values import NOT_DECLARED, PushSettings
+from pipelines.venice_values import NOT_DECLARED, Limits, PushSettings
 from schemas.raw import MESSAGE_FIELDS
 
 # What decoding adds to the SPEC 1 columns. A chunk carries its key (with the chunking suffix) and bytes; a
@@ -100,10 +100,11 @@ def _batch(rows: list[dict], schema: pa.Schema) -> pa.RecordBatch:
 
 def decode_venice_frame(
     df: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int, passthrough: tuple[str, ...] = (),
-    push_settings: dict[str, PushSettings] | None = None,
+    push_settings: dict[str, PushSettings] | None = None, limits: Limits = Limits(),
 ) -> DataFrame:
     """Decode every Kafka record of ``df``; ``passthrough`` names string columns copied to the output as they are.
-    ``push_settings``: per version topic, what its START_OF_PUSH declares (``resolve_push_settings``)."""
+    ``push_settings``: per version topic, what its START_OF_PUSH declares (``resolve_push_settings``);
+    ``limits``: the largest value and chunk count a record may make the decoder hold."""
     keep = list(passthrough)
     regions = dict(cluster_regions)
     push = dict(push_settings or {})
@@ -117,7 +118,7 @@ def decode_venice_frame(
                 got = venice.decode_record(
                     r["key"], r["value"], replica=r["region"], topic=r["topic"], partition=r["partition"],
                     offset=r["offset"], timestamp_ms=_timestamp_ms(r["timestamp"]), cluster_regions=regions,
-                    clock_uncertainty_ms=u, push=push.get(r["topic"], NOT_DECLARED),
+                    clock_uncertainty_ms=u, push=push.get(r["topic"], NOT_DECLARED), limits=limits,
                 )
                 rows.append(_columns(got, r, keep))
             yield _batch(rows, arrow_schema)
@@ -128,7 +129,7 @@ def decode_venice_frame(
     return inp.mapInArrow(run, out_schema)
 
 
-def reassemble_chunks(decoded: DataFrame, push_settings: dict[str, PushSettings]) -> DataFrame:
+def reassemble_chunks(decoded: DataFrame, push_settings: dict[str, PushSettings], limits: Limits = Limits()) -> DataFrame:
     """Decoded records of chunked versions -> the same, each manifest replaced by the logical PUT it stands for
     (at the manifest's position) or quarantined MISSING_CHUNKS; chunks stay as they are (skipped VALUE_CHUNK).
 
@@ -158,7 +159,7 @@ def reassemble_chunks(decoded: DataFrame, push_settings: dict[str, PushSettings]
                 decoded_manifest = pickle.loads(r["manifest"])
                 got = venice.assemble_manifest(
                     decoded_manifest, {c["chunk_key"]: c["chunk_bytes"] for c in r["_chunks"] or []},
-                    push.get(r["topic"], NOT_DECLARED),
+                    push.get(r["topic"], NOT_DECLARED), limits,
                 )
                 rows.append(_columns(got, {**r, "region": r["replica"]}, keep))
             yield _batch(rows, arrow_schema)
@@ -263,17 +264,21 @@ REASON_DETAIL = {
     "COMPRESSED_VALUE": "the version declares a compression strategy Replica Lens does not know",
     "UNDECOMPRESSABLE_VALUE": "the value does not decompress with the version's compression strategy (and dictionary)",
     "MISSING_CHUNKS": "a chunked value's manifest whose chunks are not all in the dump (raw.missing names them)",
+    "VALUE_TOO_LARGE": "the value, decompressed or reassembled from its chunks, is larger than the limit "
+    "(REPLICA_LENS_MAX_VALUE_BYTES, default 100 MiB, Venice's default largest record), or its manifest names more "
+    "chunks than REPLICA_LENS_MAX_CHUNKS (default 10000): decoding stopped there",
     "NO_UPSTREAM_POSITION": "no leader metadata footer or no upstream offset: no source position",
 }
 
 
 def venice_lines(
     records: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int,
-    push_settings: dict[str, PushSettings] | None = None,
+    push_settings: dict[str, PushSettings] | None = None, limits: Limits = Limits(),
 ) -> DataFrame:
     """Kafka records (with ``source_file``) -> ``(source_file, raw, read_error, decoded_reason)``, one row each.
     ``push_settings`` (``resolve_push_settings``): per version topic, its compression and chunking; when one is
-    chunked, chunks are reassembled under their manifests (``reassemble_chunks``)."""
+    chunked, chunks are reassembled under their manifests (``reassemble_chunks``). ``limits``: the largest value
+    and chunk count one record may make the decoder hold."""
     push = dict(push_settings or {})
     with_text = records.select(
         "*",
@@ -286,9 +291,9 @@ def venice_lines(
         ).alias("record_json"),
     )
     decoded = decode_venice_frame(with_text, cluster_regions, clock_uncertainty_ms,
-                                  passthrough=("source_file", "record_json"), push_settings=push)
+                                  passthrough=("source_file", "record_json"), push_settings=push, limits=limits)
     if any(p.chunked for p in push.values()):
-        decoded = reassemble_chunks(decoded, push)
+        decoded = reassemble_chunks(decoded, push, limits)
     message = F.to_json(F.struct(*[F.col(n) for n in MESSAGE_FIELDS]), {"ignoreNullFields": "true"})
     is_row = F.col("outcome") == F.lit("row")
     # A manifest quarantined for missing chunks: the Kafka record, and which chunks the dump lacks.

@@ -72,23 +72,53 @@ class PushSettings(NamedTuple):
 NOT_DECLARED = PushSettings()
 
 
+# Limits on what one record may make the decoder hold (docs/venice-input.md, "Limits"), each a setting of the
+# landing resource. Venice servers refuse records above ``default.max.record.size.bytes``, 100 MiB unless set
+# otherwise (ConfigConstants.DEFAULT_MAX_RECORD_SIZE_BYTES_BACKFILL): no store with the defaults holds a larger
+# value. Values are chunked into messages of at most 950 KiB of payload
+# (VeniceWriter.DEFAULT_MAX_SIZE_FOR_USER_PAYLOAD_PER_MESSAGE_IN_BYTES): 100 MiB is 108 chunks, so a manifest
+# listing ten thousand is no manifest Venice wrote, and each listed key is a row of the chunk join.
+DEFAULT_MAX_VALUE_BYTES = 100 * 1024 * 1024
+DEFAULT_MAX_CHUNKS = 10_000
+_READ_PIECE = 1024 * 1024  # decompressed bytes taken at a time: a value is held at most this much past the limit
+
+
+class Limits(NamedTuple):
+    """The largest value (decompressed and reassembled) and the most chunks one manifest may name."""
+
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    max_chunks: int = DEFAULT_MAX_CHUNKS
+
+
 class CorruptValue(ValueError):
     """A value that does not decompress with its version's strategy (or dictionary)."""
+
+
+class ValueTooLarge(ValueError):
+    """A value (or the one a manifest announces) larger than ``Limits.max_value_bytes``; nothing past it was held."""
 
 
 class UnsupportedCompression(ValueError):
     """A compression strategy Replica Lens does not know."""
 
 
-def decompress(settings: PushSettings, data: bytes) -> bytes:
-    """A PUT's value bytes as the writer serialized them, before compression."""
+def decompress(settings: PushSettings, data: bytes, limit: int = DEFAULT_MAX_VALUE_BYTES) -> bytes:
+    """A PUT's value bytes as the writer serialized them, before compression.
+
+    Streamed in pieces and stopped past ``limit`` bytes (``ValueTooLarge``): a few kilobytes that
+    expand to gigabytes (a decompression bomb, or a frame header that lies) cost at most ``limit``
+    plus one piece of memory, never what they claim.
+    """
     strategy = settings.compression
     if strategy == NO_OP:
-        return data
+        return _within(data, limit)
     if strategy == GZIP:
         try:
-            return gzip.decompress(data)
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as member:
+                return _bounded_read(member, limit)
         except (OSError, EOFError, ValueError) as exc:
+            if isinstance(exc, ValueTooLarge):
+                raise
             raise CorruptValue(f"not a gzip member: {exc}") from exc
     if strategy in (ZSTD, ZSTD_WITH_DICT):
         import zstandard
@@ -97,11 +127,30 @@ def decompress(settings: PushSettings, data: bytes) -> bytes:
             raise CorruptValue("ZSTD_WITH_DICT declared without a dictionary")
         dctx = _zstd_decompressor(settings.dictionary if strategy == ZSTD_WITH_DICT else None)
         try:
-            # Venice's frames carry their content size; a stream reader copes with any that do not.
-            return dctx.stream_reader(io.BytesIO(data)).read()
+            # A stream reader does not trust the frame's content size; one frame, as Venice writes.
+            return _bounded_read(dctx.stream_reader(io.BytesIO(data)), limit)
         except zstandard.ZstdError as exc:
             raise CorruptValue(f"not a zstd frame of this dictionary: {exc}") from exc
     raise UnsupportedCompression(f"compression strategy {strategy}")
+
+
+def _within(data: bytes, limit: int) -> bytes:
+    if len(data) > limit:
+        raise ValueTooLarge(f"the value is {len(data)} bytes, above the limit of {limit}")
+    return data
+
+
+def _bounded_read(stream, limit: int) -> bytes:
+    """Everything ``stream`` yields, read a piece at a time; ``ValueTooLarge`` once past ``limit`` bytes."""
+    pieces, held = [], 0
+    while True:
+        piece = stream.read(min(_READ_PIECE, limit + 1 - held))
+        if not piece:
+            return b"".join(pieces)
+        pieces.append(piece)
+        held += len(piece)
+        if held > limit:
+            raise ValueTooLarge(f"the value decompresses past the limit of {limit} bytes")
 
 
 class _PerProcess(dict):
@@ -193,14 +242,23 @@ def rmd_manifest(data: bytes, user_key: bytes) -> dict | None:
     return m
 
 
+def check_manifest(manifest: dict, limits: Limits) -> None:
+    """``ValueTooLarge`` when a manifest announces a value above the limit or names more chunks than allowed:
+    checked before any chunk is looked for, so that neither the chunk join nor the reassembly holds it."""
+    if len(manifest["keys"]) > limits.max_chunks:
+        raise ValueTooLarge(f"the manifest names {len(manifest['keys'])} chunks, above the limit of {limits.max_chunks}")
+    if manifest["size"] > limits.max_value_bytes:
+        raise ValueTooLarge(f"the manifest announces {manifest['size']} bytes, above the limit of {limits.max_value_bytes}")
+
+
 def assemble(manifest: dict, chunks: dict[bytes, bytes]) -> tuple[bytes | None, list[int]]:
     """The bytes a manifest names, from ``chunks`` (chunk key -> bytes): (bytes, []) or (None, the
     indexes within the manifest of the chunks that are missing). A size that does not add up is a
-    missing chunk too (of index -1)."""
+    missing chunk too (of index -1), found before the bytes are joined (the manifest's size was
+    checked against the limit by ``check_manifest``)."""
     missing = [i for i, k in enumerate(manifest["keys"]) if k not in chunks]
     if missing:
         return None, missing
-    data = b"".join(chunks[k] for k in manifest["keys"])
-    if len(data) != manifest["size"]:
+    if sum(len(chunks[k]) for k in manifest["keys"]) != manifest["size"]:
         return None, [-1]
-    return data, []
+    return b"".join(chunks[k] for k in manifest["keys"]), []

@@ -23,6 +23,8 @@ from resources.snapshots import SUCCESS_MARKER, UnsafeNameError, check_snapshot_
 CLUSTER_REGIONS_ENV = "REPLICA_LENS_CLUSTER_REGIONS"
 CLOCK_UNCERTAINTY_ENV = "REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS"
 PUSH_SETTINGS_ENV = "REPLICA_LENS_VENICE_PUSH_SETTINGS"
+MAX_VALUE_BYTES_ENV = "REPLICA_LENS_MAX_VALUE_BYTES"
+MAX_CHUNKS_ENV = "REPLICA_LENS_MAX_CHUNKS"
 
 
 def parse_cluster_regions(text: Optional[str]) -> dict[int, str]:
@@ -51,6 +53,19 @@ class LandingScan:
     complete: list[str]  # snapshot ids whose folder holds _SUCCESS, oldest first
     incomplete: list[str]  # safe ids still being written
     refused: list[str]  # folder names that are not safe snapshot ids
+
+
+def parse_limit(text: Optional[str], name: str) -> Optional[int]:
+    """A limit setting: a whole number >= 1; empty or None -> None (the default)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidSetting(f"{name}: {text!r} is not a whole number of at least 1")
+    return value
 
 
 def parse_clock_uncertainty(text: Optional[str]) -> int:
@@ -91,6 +106,29 @@ class LandingZone(dg.ConfigurableResource):
         f"milliseconds on each side into intervals (unset: the {CLOCK_UNCERTAINTY_ENV} environment variable, "
         "else 0).",
     )
+
+    max_value_bytes: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Raw Venice records: the largest value, decompressed and reassembled from its chunks; a larger one "
+        f"is quarantined VALUE_TOO_LARGE (unset: {MAX_VALUE_BYTES_ENV}, else 100 MiB, Venice's default largest "
+        "record; docs/venice-input.md).",
+    )
+    max_chunks: Optional[int] = Field(
+        default=None,
+        ge=1,
+        description="Raw Venice records: the most chunks one manifest may name; more is quarantined VALUE_TOO_LARGE "
+        f"(unset: {MAX_CHUNKS_ENV}, else 10000; docs/venice-input.md).",
+    )
+
+    def limit_settings(self) -> dict[str, int]:
+        """The decoder's limits that are set (this resource's fields, else the environment), by the names of
+        ``pipelines.venice_values.Limits``; the others keep the decoder's defaults."""
+        out = {}
+        for name, env in (("max_value_bytes", MAX_VALUE_BYTES_ENV), ("max_chunks", MAX_CHUNKS_ENV)):
+            value = getattr(self, name)
+            out[name] = value if value is not None else parse_limit(os.environ.get(env), env)
+        return {name: value for name, value in out.items() if value is not None}
 
     def cluster_region_map(self) -> dict[int, str]:
         """The configured cluster id -> region map (this resource's setting, else the environment)."""

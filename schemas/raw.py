@@ -80,6 +80,7 @@ QUARANTINE_REASONS = (
     "CHUNKED_VALUE",
     "COMPRESSED_VALUE",
     "NO_UPSTREAM_POSITION",
+    "VALUE_TOO_LARGE",
 )
 
 # Why a raw Venice record is skipped by rule: it is not a message of SPEC 1 (a control message

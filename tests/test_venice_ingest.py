@@ -274,3 +274,54 @@ def test_push_settings_reach_the_landing_resource_from_its_field_or_the_environm
     assert parse_push_settings(LandingZone(root="landing").push_settings_file()) == {"a_v1": PushSettings(False, GZIP)}
     field = LandingZone(root="landing", venice_push_settings=str(tmp_path / "field.json"))
     assert parse_push_settings(field.push_settings_file()) == {"a_v1": PushSettings(True, NO_OP)}
+
+
+def test_limits_reach_the_landing_resource_from_its_fields_or_the_environment(tmp_path, monkeypatch):
+    """Catches a limit setting that is ignored, a field that loses to the environment, and a bad value accepted
+    (a zero limit would quarantine every value)."""
+    from resources.landing import MAX_CHUNKS_ENV, MAX_VALUE_BYTES_ENV, LandingZone
+
+    monkeypatch.delenv(MAX_VALUE_BYTES_ENV, raising=False)
+    monkeypatch.delenv(MAX_CHUNKS_ENV, raising=False)
+    assert LandingZone(root=str(tmp_path)).limit_settings() == {}
+    monkeypatch.setenv(MAX_CHUNKS_ENV, "7")
+    assert LandingZone(root=str(tmp_path), max_value_bytes=5).limit_settings() == {"max_value_bytes": 5, "max_chunks": 7}
+    assert LandingZone(root=str(tmp_path), max_chunks=3).limit_settings() == {"max_chunks": 3}
+    monkeypatch.setenv(MAX_VALUE_BYTES_ENV, "0")
+    with pytest.raises(InvalidSetting, match=MAX_VALUE_BYTES_ENV):
+        LandingZone(root=str(tmp_path)).limit_settings()
+
+
+def test_values_over_the_limits_are_quarantined_with_their_positions_and_every_record_is_counted(spark, tmp_path):
+    """A gzip, chunked store read with low limits: whole values above ``max_value_bytes`` once decompressed and
+    manifests naming more chunks than ``max_chunks`` are quarantined VALUE_TOO_LARGE, each with its Kafka position
+    (a gap of one position), and read = accepted + quarantined + skipped. Catches a refused record without its
+    position (an invisible gap), one that vanishes from the accounting, and a limit applied to the compressed size."""
+    import json
+
+    from pipelines.venice_values import Limits
+    from replica_lens.simulator import SimulationConfig, simulate
+
+    config = SimulationConfig(seed=5, regions=2, partitions=1, keys=30, writes=300, file_format="venice-kafka",
+                              compression="gzip", chunk_above=40)
+    summary = simulate(tmp_path, "limits", config)
+    truth = json.loads(Path(summary["ground_truth"]).read_text())["venice"]
+    clusters, u = parse_cluster_regions(truth["cluster_regions"]), truth["clock_uncertainty_ms"]
+    whole = judge_rows(read_snapshot_lines(spark, summary["snapshot_dir"], VeniceSettings(clusters, u)), "limits")
+    sizes = sorted(len(base64.b64decode(r["value"].split(":", 1)[1])) for r in whole.accepted.collect() if r["kind"] == "PUT")
+    limit = sizes[len(sizes) // 2]  # about half the whole values are above it
+    judgement = judge_rows(read_snapshot_lines(spark, summary["snapshot_dir"], VeniceSettings(
+        clusters, u, limits=Limits(max_value_bytes=limit, max_chunks=1))), "limits")
+    accepted = judgement.accepted.collect()
+    quarantined = judgement.quarantine().collect()
+    skipped = judgement.skipped_by_reason()
+    counts = accounting_from_tables(judgement.accepted, judgement.quarantined, skipped)
+    assert {r["reason"] for r in quarantined} == {"VALUE_TOO_LARGE"}
+    assert all(None not in (r["replica"], r["topic"], r["partition"], r["offset"]) for r in quarantined)
+    assert counts["rows_read"] == sum(pq.read_metadata(p).num_rows for p in Path(summary["snapshot_dir"]).glob("*.parquet"))
+    assert counts["rows_read"] == counts["rows_accepted"] + counts["rows_quarantined"] + counts["rows_skipped"]
+    kept = [len(base64.b64decode(r["value"].split(":", 1)[1])) for r in accepted if r["kind"] == "PUT"]
+    assert kept and max(kept) <= limit
+    # Every whole value above the limit, and every chunked one (two chunks or more), was refused.
+    refused_whole = sum(size > limit for size in sizes)
+    assert len(quarantined) >= refused_whole > 0

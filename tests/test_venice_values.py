@@ -14,7 +14,9 @@ import zstandard
 
 from pipelines import venice
 from pipelines.venice_protocol import envelope_schema_dict
-from pipelines.venice_values import GZIP, NO_OP, ZSTD_WITH_DICT, PushSettings, decode_manifest, rmd_manifest
+from pipelines.venice_values import (
+    GZIP, NO_OP, ZSTD_WITH_DICT, Limits, PushSettings, decode_manifest, encode_manifest, rmd_manifest,
+)
 
 NS = "com.linkedin.venice.kafka.protocol."
 CLUSTERS = {0: "dc-a", 3: "dc-b"}
@@ -66,9 +68,9 @@ def put(value: bytes, schema_id: int, offset: int = 40, rmd: bytes = b"", rmd_ve
                  "leaderMetadataFooter": footer(offset)})
 
 
-def dec(key: bytes, value: bytes, push: PushSettings, offset: int = 11) -> dict:
+def dec(key: bytes, value: bytes, push: PushSettings, offset: int = 11, limits: Limits = Limits()) -> dict:
     return venice.decode_record(key, value, replica="dc-a", topic="s_v3", partition=0, offset=offset,
-                                timestamp_ms=0, cluster_regions=CLUSTERS, push=push)
+                                timestamp_ms=0, cluster_regions=CLUSTERS, push=push, limits=limits)
 
 
 VALUE = b"\x0ahello" * 7  # the serialized user value: 42 bytes
@@ -208,3 +210,66 @@ def test_the_decoder_ships_to_the_executors_after_the_driver_decompressed():
     assert venice_values._ZSTD  # noqa: SLF001 - the cache is filled here
     shipped = cloudpickle.loads(cloudpickle.dumps(venice.decode_record))
     assert shipped.__globals__["values"]._ZSTD == {}  # noqa: SLF001 - and starts empty where it lands
+
+
+# ------------------------------------------------------------------ limits (hostile values)
+MIB = 1024 * 1024
+
+
+def _peak_bytes(call) -> tuple[object, int]:
+    """``call()``'s result and the most memory Python allocated while it ran (zlib's and zstd's output buffers
+    are Python bytes, so a decompressor that expands a bomb in full shows here)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        return call(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("strategy", [GZIP, ZSTD_WITH_DICT])
+def test_a_decompression_bomb_is_quarantined_holding_no_more_than_the_limit(strategy):
+    """64 MiB of zeros compressed to kilobytes, against a 1 MiB limit: quarantined VALUE_TOO_LARGE, with at most the
+    limit and one piece held. Catches a decompressor that expands the whole value first (peak ~64 MiB), and one that
+    trusts a frame's declared content size."""
+    bomb_plain = bytes(64 * MIB)
+    if strategy == GZIP:
+        push, stored = PushSettings(False, GZIP), gzip.compress(bomb_plain, compresslevel=9)
+    else:
+        dictionary = zstandard.train_dictionary(512, [bytes([i % 256]) * 64 + b"\x0ahello" * (i % 5 + 1)
+                                                      for i in range(300)]).as_bytes()
+        push = PushSettings(False, ZSTD_WITH_DICT, dictionary)
+        stored = zstandard.ZstdCompressor(dict_data=zstandard.ZstdCompressionDict(dictionary)).compress(bomb_plain)
+    del bomb_plain
+    assert len(stored) < 1 * MIB
+    limits = Limits(max_value_bytes=1 * MIB)
+    got, peak = _peak_bytes(lambda: dec(b"\x00" + USER_KEY, put(stored, 7), push, limits=limits))
+    assert (got["outcome"], got["reason"]) == ("quarantined", "VALUE_TOO_LARGE")
+    assert peak < 4 * MIB, f"{peak / MIB:.1f} MiB held to refuse a value above a 1 MiB limit"
+
+
+def test_a_value_at_the_limit_passes_whole_and_one_byte_more_does_not():
+    """The limit is the largest value that passes, compressed or not. Catches an off-by-one and a hidden ceiling
+    below the limit (a value at the limit cut short)."""
+    for push, stored in ((PushSettings(False, NO_OP), VALUE), (PushSettings(False, GZIP), gzip.compress(VALUE))):
+        got = dec(b"\x00" + USER_KEY, put(stored, 7), push, limits=Limits(max_value_bytes=len(VALUE)))
+        assert got["row"]["value"] == "7:" + base64.b64encode(VALUE).decode()
+        got = dec(b"\x00" + USER_KEY, put(stored, 7), push, limits=Limits(max_value_bytes=len(VALUE) - 1))
+        assert (got["outcome"], got["reason"]) == ("quarantined", "VALUE_TOO_LARGE")
+
+
+def test_a_manifest_announcing_too_much_is_quarantined_before_its_chunks_are_looked_for():
+    """A manifest's size and chunk count come from the input: above the limits, the manifest is quarantined at
+    decoding (no chunk join, no reassembly). Catches a size trusted until the chunks are joined. (Sizes above 63
+    need Avro's multi-byte varints: the manifest is written with the project's encoder here.)"""
+    push = PushSettings(True, NO_OP)
+    keys = [chunk_key(i) for i in range(3)]
+    for limits in (Limits(max_value_bytes=1000), Limits(max_chunks=2)):
+        manifest = encode_manifest(keys, 7, 5000)
+        got = dec(b"\x00" + WHOLE, put(manifest, -20, rmd=b"\x00\xd0\x0f\x00", rmd_version=1), push, limits=limits)
+        assert (got["outcome"], got["reason"]) == ("quarantined", "VALUE_TOO_LARGE"), limits
+    # Within both limits it is a manifest, to be reassembled.
+    ok = dec(b"\x00" + WHOLE, put(encode_manifest(keys, 7, 500), -20, rmd=b"\x00\xd0\x0f\x00", rmd_version=1), push,
+             limits=Limits(max_value_bytes=1000, max_chunks=3))
+    assert ok["outcome"] == "manifest"
