@@ -16,6 +16,7 @@ given as data URIs, as its own examples do).
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -71,7 +72,9 @@ def key_markdown(doc: dict, full: bool = True) -> str:
         "",
     ]
     if full:
-        lines += ["```", render_text(doc).rstrip("\n"), "```", ""]
+        text = render_text(doc).rstrip("\n")
+        fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))  # longer than any in it
+        lines += [fence, text, fence, ""]
     return "\n".join(lines)
 
 

@@ -369,3 +369,15 @@ def test_importing_the_renderers_does_not_import_matplotlib():
     code = ("import sys, explain.page, explain.timeline; "
             "assert 'matplotlib' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+def test_markdown_for_the_ui_keeps_a_value_holding_backticks_inside_its_code_block():
+    """The job's and the materialization's Markdown put the text in a fenced block: a value holding a fence of its own
+    must not end it early (the rest of the explanation would render as Markdown). Catches a fixed ``` fence."""
+    from explain.report import key_markdown
+
+    doc = load("divergent.json")
+    version = next(v for v in doc["replicas"][0]["versions"] if v["kind"] == "PUT")
+    version["value_display"] = "before ```` after"
+    fence = next(line for line in key_markdown(doc).splitlines() if line.startswith("```"))
+    assert len(fence) > 4 and set(fence) == {"`"}, fence
