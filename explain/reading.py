@@ -19,6 +19,7 @@ from resources.errors import UsageError
 
 VERSION_COLUMNS = ("replica", "topic", "partition", "offset", "key", "kind", "value", "value_hash", "source_region",
                    "source_offset", "write_ts", "touch_bound", "reach", "applied_lower_bound", "missing_before")
+Place = tuple[str, int]  # (topic, partition)
 GAP_COLUMNS = ("replica", "offset", "gap_before", "missing_before", "applied_lower_bound")
 HEARTBEAT_COLUMNS = ("replica", "offset", "source_region", "applied_ts_min_ms", "applied_ts_max_ms", "hb_vector")
 REPORT_COLUMNS = ("replica_a", "replica_b", "key", "verdict", "missing_in", "witness_offset_a", "witness_offset_b")
@@ -61,58 +62,60 @@ class SnapshotTables:
             )
         return found
 
-    def replica_partitions(self, topic: str, partition: int) -> list[dict]:
-        rows = self._read("partition_watermarks", _partition_filter(topic, partition)).to_pylist()
-        if rows:
-            return rows
-        everything = self._read("partition_watermarks", columns=["topic", "partition"]).to_pylist()
-        if not everything:
+    def replica_partitions(self, places: set[Place]) -> dict[Place, list[dict]]:
+        """The ``partition_watermarks`` rows of each place; ``KeyNotFound`` naming what exists when one is not held."""
+        held: dict[Place, list[dict]] = {}
+        for row in self._read("partition_watermarks").to_pylist():
+            held.setdefault((row["topic"], row["partition"]), []).append(row)
+        if not held:
             raise NotAudited(
                 f"snapshot {self.snapshot_id} is not audited in {self.warehouse}: run replica-lens audit "
                 f"--snapshot-id {self.snapshot_id} first"
             )
-        held = sorted({(r["topic"], r["partition"]) for r in everything})
-        listed = ", ".join(f"{t} partition {p}" for t, p in held[:MAX_LISTED])
-        raise KeyNotFound(
-            f"snapshot {self.snapshot_id} holds no topic {topic!r} partition {partition}; it holds {len(held)} "
-            f"topic partition(s): {listed}{' ...' if len(held) > MAX_LISTED else ''}"
-        )
+        for topic, partition in sorted(places - held.keys()):
+            listed = ", ".join(f"{t} partition {p}" for t, p in sorted(held)[:MAX_LISTED])
+            raise KeyNotFound(
+                f"snapshot {self.snapshot_id} holds no topic {topic!r} partition {partition}; it holds {len(held)} "
+                f"topic partition(s): {listed}{' ...' if len(held) > MAX_LISTED else ''}"
+            )
+        return {place: held[place] for place in places}
 
-    def gap_rows(self, topic: str, partition: int, replicas: list[dict]) -> dict[str, list[dict]]:
-        gapped = [r["replica"] for r in replicas if r["gaps"]]
-        if not gapped:
+    def _rows_of(self, table: str, places: set[Place], where, columns) -> dict[Place, list[dict]]:
+        """``table``'s rows matching ``where`` in ``places``, one read for all of them, grouped by place."""
+        topics, partitions = sorted({t for t, _ in places}), sorted({p for _, p in places})
+        narrowed = ds.field("topic").isin(topics) & ds.field("partition").isin(partitions) & where
+        out: dict[Place, list[dict]] = {}
+        for row in self._read(table, narrowed, ["topic", "partition", *columns]).to_pylist():
+            place = (row.pop("topic"), row.pop("partition"))
+            if place in places:
+                out.setdefault(place, []).append(row)
+        return out
+
+    def gap_rows(self, places: set[Place]) -> dict[Place, list[dict]]:
+        """The rows right after a gap (SPEC 3a) of the places' dumps (the caller skips this without gaps)."""
+        return self._rows_of("heartbeat_segments", places, ds.field("gap_before") > 0, GAP_COLUMNS)
+
+    def heartbeats(self, places: set[Place]) -> dict[Place, list[dict]]:
+        """Every heartbeat of the places, in offset order."""
+        found = self._rows_of("heartbeat_segments", places, ds.field("kind") == "HEARTBEAT", HEARTBEAT_COLUMNS)
+        return {place: sorted(rows, key=lambda r: r["offset"]) for place, rows in found.items()}
+
+    def versions(self, places: set[Place], keys: Iterable[str]) -> dict[Place, list[dict]]:
+        return self._rows_of("reconstructed_watermarks", places, ds.field("key").isin(sorted(set(keys))), VERSION_COLUMNS)
+
+    def reports(self, places: set[Place], keys: Iterable[str]) -> dict[Place, list[dict]]:
+        if not self.reader.exists("divergence_reports"):
             return {}
-        where = _partition_filter(topic, partition) & (ds.field("gap_before") > 0) & ds.field("replica").isin(gapped)
-        out: dict[str, list[dict]] = {}
-        for row in self._read("heartbeat_segments", where, GAP_COLUMNS).to_pylist():
-            out.setdefault(row["replica"], []).append(row)
-        return out
+        return self._rows_of("divergence_reports", places, ds.field("key").isin(sorted(set(keys))), REPORT_COLUMNS)
 
-    def heartbeats(self, topic: str, partition: int) -> dict[str, list[dict]]:
-        """Every heartbeat of the topic partition, per replica, in offset order."""
-        where = _partition_filter(topic, partition) & (ds.field("kind") == "HEARTBEAT")
-        out: dict[str, list[dict]] = {}
-        table = self._read("heartbeat_segments", where, HEARTBEAT_COLUMNS).sort_by("offset")
-        for row in table.to_pylist():
-            out.setdefault(row.pop("replica"), []).append(row)
-        return out
-
-    def versions(self, topic: str, partition: int, keys: Iterable[str]) -> list[dict]:
-        keys = list(keys)
-        where = _partition_filter(topic, partition) & ds.field("key").isin(keys)
-        return self._read("reconstructed_watermarks", where, VERSION_COLUMNS).to_pylist()
-
-    def reports(self, topic: str, partition: int, keys: Iterable[str]) -> list[dict]:
-        where = _partition_filter(topic, partition) & ds.field("key").isin(list(keys))
-        found = self.reader.read("divergence_reports", self.snapshot_id, where, REPORT_COLUMNS)
-        return [] if found is None else found.to_pylist()
-
-    def carried_from(self, topic: str, partition: int) -> dict[str, str]:
-        """Per replica whose dump continues an earlier snapshot's state (docs/incremental.md): that snapshot."""
-        where = _partition_filter(topic, partition) & (ds.field("row_kind") == "CONTEXT")
-        found = self.reader.read("replica_state", self.snapshot_id, where, ["replica", "previous_snapshot_id"])
-        rows = [] if found is None else found.to_pylist()
-        return {r["replica"]: r["previous_snapshot_id"] for r in rows if r["previous_snapshot_id"] is not None}
+    def carried_from(self, places: set[Place]) -> dict[Place, dict[str, str]]:
+        """Per place, the replicas whose dump continues an earlier snapshot's state (docs/incremental.md): that one."""
+        if not self.reader.exists("replica_state"):
+            return {}
+        found = self._rows_of("replica_state", places, ds.field("row_kind") == "CONTEXT",
+                              ["replica", "previous_snapshot_id"])
+        return {place: {r["replica"]: r["previous_snapshot_id"] for r in rows if r["previous_snapshot_id"] is not None}
+                for place, rows in found.items()}
 
     def is_venice(self) -> Optional[bool]:
         """True when raw Venice records were read (records skipped by rule: control messages, chunks); None when the
@@ -128,35 +131,62 @@ class SnapshotTables:
         return after or distinct[:limit]
 
 
-def explain_keys(
-    tables: SnapshotTables, topic: str, partition: int, keys: list[str], venice: Optional[bool] = None,
-    heartbeats: bool = True,
-) -> dict[str, dict]:
-    """The explanation document of each of ``keys`` (one read per table for all of them).
+def explain_places(
+    tables: SnapshotTables, wanted: dict[Place, list[str]], venice: Optional[bool] = None, heartbeats: bool = True,
+) -> dict[Place, dict[str, dict]]:
+    """The explanation document of every key of ``wanted`` (place -> keys), each table read once for all of them.
 
     ``heartbeats``: mark each replica's heartbeats between the key's first version and the
     last row its bounds rest on (for the pictures); a page of thousands of keys leaves them out.
     """
-    replicas = tables.replica_partitions(topic, partition)
-    gaps = tables.gap_rows(topic, partition, replicas)
-    beats = tables.heartbeats(topic, partition) if heartbeats else {}
-    carried = tables.carried_from(topic, partition)
-    rows_by_key: dict[str, dict[str, list[dict]]] = {}
-    for row in tables.versions(topic, partition, keys):
-        rows_by_key.setdefault(row["key"], {}).setdefault(row["replica"], []).append(row)
-    reports_by_key: dict[str, list[dict]] = {}
-    for report in tables.reports(topic, partition, keys):
-        reports_by_key.setdefault(report["key"], []).append(report)
+    places = set(wanted)
+    if not places:
+        return {}
+    keys = [k for ks in wanted.values() for k in ks]
+    replicas = tables.replica_partitions(places)
+    gapped = {place for place, rows in replicas.items() if any(r["gaps"] for r in rows)}
+    gaps = tables.gap_rows(gapped) if gapped else {}
+    beats = tables.heartbeats(places) if heartbeats else {}
+    carried = tables.carried_from(places)
+    versions = tables.versions(places, keys)
+    reports = tables.reports(places, keys)
     venice = tables.is_venice() if venice is None else venice
-    return {
-        key: explain(
-            tables.snapshot_id, topic, partition, key,
-            [ReplicaInput(r["replica"], r, rows_by_key.get(key, {}).get(r["replica"], []), gaps.get(r["replica"], []),
-                          carried.get(r["replica"])) for r in replicas],
-            reports_by_key.get(key, []), venice=venice, heartbeats=beats if heartbeats else None,
-        )
-        for key in keys
-    }
+    out: dict[Place, dict[str, dict]] = {}
+    for place, place_keys in wanted.items():
+        rows_by_key: dict[str, dict[str, list[dict]]] = {}
+        for row in versions.get(place, []):
+            rows_by_key.setdefault(row["key"], {}).setdefault(row["replica"], []).append(row)
+        gap_rows = _by_replica(gaps.get(place, []))
+        beat_rows = _by_replica(beats.get(place, []))
+        reports_by_key: dict[str, list[dict]] = {}
+        for report in reports.get(place, []):
+            reports_by_key.setdefault(report["key"], []).append(report)
+        out[place] = {
+            key: explain(
+                tables.snapshot_id, place[0], place[1], key,
+                [ReplicaInput(r["replica"], r, rows_by_key.get(key, {}).get(r["replica"], []),
+                              gap_rows.get(r["replica"], []), carried.get(place, {}).get(r["replica"]))
+                 for r in replicas[place]],
+                reports_by_key.get(key, []), venice=venice, heartbeats=beat_rows if heartbeats else None,
+            )
+            for key in place_keys
+        }
+    return out
+
+
+def _by_replica(rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        out.setdefault(row["replica"], []).append(row)
+    return out
+
+
+def explain_keys(
+    tables: SnapshotTables, topic: str, partition: int, keys: list[str], venice: Optional[bool] = None,
+    heartbeats: bool = True,
+) -> dict[str, dict]:
+    """The explanation document of each of ``keys`` of one topic partition (``explain_places``)."""
+    return explain_places(tables, {(topic, partition): keys}, venice, heartbeats)[(topic, partition)]
 
 
 def explain_key(warehouse: str, snapshot_id: str, topic: str, partition: int, key: str) -> dict:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from explain.document import VERDICT_ORDER, redact, worst_verdict
-from explain.reading import SnapshotTables, explain_keys
+from explain.reading import SnapshotTables, explain_places
 from resources.delta_reader import warehouse_uri
 from resources.filesystem import Location
 
@@ -89,22 +89,18 @@ def build_report(
 
     tables = SnapshotTables(warehouse, snapshot_id)
     reported = tables.reader.read("divergence_reports", snapshot_id, columns=["topic", "partition", "key"])
-    by_partition: dict[tuple[str, int], set[str]] = {}
+    wanted: dict[tuple[str, int], set[str]] = {}
     for row in ([] if reported is None else reported.to_pylist()):
-        by_partition.setdefault((row["topic"], row["partition"]), set()).add(row["key"])
-    venice = tables.is_venice() if by_partition else False
-    docs = []
-    for (topic, partition), keys in sorted(by_partition.items()):
-        docs.extend(explain_keys(tables, topic, partition, sorted(keys), venice=venice, heartbeats=False).values())
-    docs.sort(key=importance)
-    # The pictured keys are explained again with their heartbeats (marked on the picture): one read per partition.
+        wanted.setdefault((row["topic"], row["partition"]), set()).add(row["key"])
+    venice = tables.is_venice() if wanted else False
+    explained = explain_places(tables, {place: sorted(keys) for place, keys in wanted.items()}, venice, heartbeats=False)
+    docs = sorted((doc for by_key in explained.values() for doc in by_key.values()), key=importance)
+    # The pictured keys are explained again with their heartbeats (marked on the picture): one more read per table.
     pictured: dict[tuple[str, int], list[str]] = {}
     for doc in docs[:pictures]:
         pictured.setdefault((doc["topic"], doc["partition"]), []).append(doc["key"])
-    again = {(topic, partition, key): doc
-             for (topic, partition), keys in pictured.items()
-             for key, doc in explain_keys(tables, topic, partition, keys, venice=venice).items()}
-    docs[:pictures] = [again[(d["topic"], d["partition"], d["key"])] for d in docs[:pictures]]
+    again = explain_places(tables, pictured, venice)
+    docs[:pictures] = [again[(d["topic"], d["partition"])][d["key"]] for d in docs[:pictures]]
     if redacting:
         for doc in docs:
             redact(doc)

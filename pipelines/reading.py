@@ -286,8 +286,9 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: Venice
     for table, is_venice in tables:
         if is_venice:
             records = table.select("*", _source_file_name(table).alias("source_file"))
-            push = resolve_push_settings(records, venice.push_settings)
-            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, push, venice.limits))
+            push, refused = resolve_push_settings(records, venice.push_settings)
+            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, push, venice.limits,
+                                       frozenset(refused)))
             continue
         columns = [F.col("`" + name.replace("`", "``") + "`") for name in table.columns]
         frames.append(
@@ -319,8 +320,9 @@ def read_skipped_positions(
     for table, is_venice in tables:
         if is_venice:
             records = table.select("*", _source_file_name(table).alias("source_file"))
-            push = resolve_push_settings(records, venice.push_settings)
-            frames.append(venice_skipped_positions(records, venice.cluster_regions, venice.clock_uncertainty_ms, push))
+            push, refused = resolve_push_settings(records, venice.push_settings)
+            frames.append(venice_skipped_positions(records, venice.cluster_regions, venice.clock_uncertainty_ms, push,
+                                                   frozenset(refused)))
     struct = RawTopicSkipped.to_structtype()
     if not frames:
         return local_frame(spark, [], struct)

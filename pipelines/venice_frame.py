@@ -51,8 +51,8 @@ _ARROW_SCHEMA = pa.schema(
 )
 
 
-class UnknownPushSettings(ValueError):
-    """A version topic whose compression and chunking neither the snapshot nor the configuration declares."""
+# The quarantine reason of every record of a version topic whose push settings are not known (``resolve_push_settings``).
+UNKNOWN_PUSH_SETTINGS = "UNKNOWN_PUSH_SETTINGS"
 
 # Shipped by value: the executors need not have the project installed (as pipelines/leapfrog.py).
 cloudpickle.register_pickle_by_value(venice_protocol)
@@ -101,11 +101,14 @@ def _batch(rows: list[dict], schema: pa.Schema) -> pa.RecordBatch:
 def decode_venice_frame(
     df: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int, passthrough: tuple[str, ...] = (),
     push_settings: dict[str, PushSettings] | None = None, limits: Limits = Limits(),
+    refused_topics: frozenset[str] = frozenset(),
 ) -> DataFrame:
     """Decode every Kafka record of ``df``; ``passthrough`` names string columns copied to the output as they are.
     ``push_settings``: per version topic, what its START_OF_PUSH declares (``resolve_push_settings``);
-    ``limits``: the largest value and chunk count a record may make the decoder hold."""
+    ``limits``: the largest value and chunk count a record may make the decoder hold; ``refused_topics``: topics
+    whose settings are not known, whose records are quarantined UNKNOWN_PUSH_SETTINGS without being decoded."""
     keep = list(passthrough)
+    refused = frozenset(refused_topics)
     regions = dict(cluster_regions)
     push = dict(push_settings or {})
     u = int(clock_uncertainty_ms)
@@ -115,6 +118,9 @@ def decode_venice_frame(
         for batch in batches:
             rows = []
             for r in batch.to_pylist():
+                if r["topic"] in refused:
+                    rows.append(_columns({"outcome": "quarantined", "reason": UNKNOWN_PUSH_SETTINGS, "row": None}, r, keep))
+                    continue
                 got = venice.decode_record(
                     r["key"], r["value"], replica=r["region"], topic=r["topic"], partition=r["partition"],
                     offset=r["offset"], timestamp_ms=_timestamp_ms(r["timestamp"]), cluster_regions=regions,
@@ -205,28 +211,25 @@ def push_settings_in(records: DataFrame) -> tuple[dict[str, set[PushSettings]], 
     return declared, with_data
 
 
-def resolve_push_settings(records: DataFrame, configured: dict[str, PushSettings] | None = None) -> dict[str, PushSettings]:
+def resolve_push_settings(
+    records: DataFrame, configured: dict[str, PushSettings] | None = None
+) -> tuple[dict[str, PushSettings], dict[str, str]]:
     """Per version topic of ``records``: its settings as its START_OF_PUSH records declare them (any partition's,
-    any replica's: one version topic has one), else as ``configured``. UnknownPushSettings names the topics
-    that hold data but neither (a dump that starts after START_OF_PUSH, without configuration) and those
-    whose START_OF_PUSH records disagree."""
+    any replica's: one version topic has one), else as ``configured``; and the topics refused, with why: those that
+    hold data but neither (a dump that starts after START_OF_PUSH, without configuration) and those whose
+    START_OF_PUSH records disagree. A refused topic is not decoded: its records are quarantined
+    UNKNOWN_PUSH_SETTINGS, bytes kept (``decode_venice_frame``), and every other topic is audited as usual."""
     configured = dict(configured or {})
     declared, with_data = push_settings_in(records)
-    disagree = {t: s for t, s in declared.items() if len(s) > 1}
-    if disagree:
-        raise UnknownPushSettings(
-            "START_OF_PUSH records of one version topic declare different settings: "
-            + "; ".join(f"{t}: {', '.join(sorted(x.describe() for x in s))}" for t, s in sorted(disagree.items()))
-        )
-    resolved = {t: next(iter(s)) for t, s in declared.items()}
-    unknown = sorted(t for t in with_data if t not in resolved and t not in configured)
-    if unknown:
-        raise UnknownPushSettings(
-            f"version topics {unknown} hold data records but no START_OF_PUSH in the snapshot, so their compression and "
-            "chunking are not known: include a START_OF_PUSH of each (any partition) or name their settings with "
-            "--venice-push-settings (the landing resource's venice_push_settings)"
-        )
-    return {**{t: s for t, s in configured.items() if t not in resolved}, **resolved}
+    refused = {
+        t: "its START_OF_PUSH records declare different settings: " + ", ".join(sorted(x.describe() for x in s))
+        for t, s in declared.items() if len(s) > 1
+    }
+    resolved = {t: next(iter(s)) for t, s in declared.items() if t not in refused}
+    for t in sorted(with_data):
+        if t not in resolved and t not in refused and t not in configured:
+            refused[t] = "it holds data records but no START_OF_PUSH in the snapshot, and no push settings file names it"
+    return {**{t: s for t, s in configured.items() if t not in resolved and t not in refused}, **resolved}, refused
 
 
 def cluster_ids_in(records: DataFrame) -> list[int]:
@@ -264,6 +267,9 @@ REASON_DETAIL = {
     "COMPRESSED_VALUE": "the version declares a compression strategy Replica Lens does not know",
     "UNDECOMPRESSABLE_VALUE": "the value does not decompress with the version's compression strategy (and dictionary)",
     "MISSING_CHUNKS": "a chunked value's manifest whose chunks are not all in the dump (raw.missing names them)",
+    UNKNOWN_PUSH_SETTINGS: "the version topic's compression and chunking are not known (no START_OF_PUSH in the "
+    "snapshot and none named by --venice-push-settings, or START_OF_PUSH records that disagree): its records are "
+    "kept, not decoded; audit the snapshot again with the settings",
     "VALUE_TOO_LARGE": "the value, decompressed or reassembled from its chunks, is larger than the limit "
     "(REPLICA_LENS_MAX_VALUE_BYTES, default 100 MiB, Venice's default largest record), or its manifest names more "
     "chunks than REPLICA_LENS_MAX_CHUNKS (default 10000): decoding stopped there",
@@ -274,6 +280,7 @@ REASON_DETAIL = {
 def venice_lines(
     records: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int,
     push_settings: dict[str, PushSettings] | None = None, limits: Limits = Limits(),
+    refused_topics: frozenset[str] = frozenset(),
 ) -> DataFrame:
     """Kafka records (with ``source_file``) -> ``(source_file, raw, read_error, decoded_reason)``, one row each.
     ``push_settings`` (``resolve_push_settings``): per version topic, its compression and chunking; when one is
@@ -291,7 +298,8 @@ def venice_lines(
         ).alias("record_json"),
     )
     decoded = decode_venice_frame(with_text, cluster_regions, clock_uncertainty_ms,
-                                  passthrough=("source_file", "record_json"), push_settings=push, limits=limits)
+                                  passthrough=("source_file", "record_json"), push_settings=push, limits=limits,
+                                  refused_topics=refused_topics)
     if any(p.chunked for p in push.values()):
         decoded = reassemble_chunks(decoded, push, limits)
     message = F.to_json(F.struct(*[F.col(n) for n in MESSAGE_FIELDS]), {"ignoreNullFields": "true"})
@@ -309,7 +317,7 @@ def venice_lines(
 
 def venice_skipped_positions(
     records: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int,
-    push_settings: dict[str, PushSettings] | None = None,
+    push_settings: dict[str, PushSettings] | None = None, refused_topics: frozenset[str] = frozenset(),
 ) -> DataFrame:
     """Kafka records (with ``source_file``) -> those the decoder skips by rule, as positions:
     ``(source_file, replica, topic, partition, offset, reason, control_message)``.
@@ -326,7 +334,8 @@ def venice_skipped_positions(
         (first == F.lit(bytearray([venice.KEY_HEADER_PUT]))) & (last == F.lit(bytearray([1])))
     )
     decoded = decode_venice_frame(records.where(maybe), cluster_regions, clock_uncertainty_ms,
-                                  passthrough=("source_file",), push_settings=push_settings)
+                                  passthrough=("source_file",), push_settings=push_settings,
+                                  refused_topics=refused_topics)  # a refused topic's records are all quarantined
     return decoded.where(F.col("outcome") == F.lit("skipped")).select(
         "source_file", "replica", "topic", "partition", "offset", "reason", "control_message"
     )

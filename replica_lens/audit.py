@@ -166,6 +166,13 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
                 f"  quarantined {counts.get('quarantined')}"
                 + (f"  skipped {counts.get('skipped')} ({', '.join(f'{k} {n}' for k, n in kinds.items())})" if kinds else "")
             )
+    not_audited = audit.value("raw_topic_quarantine", "topics_not_audited", None) or {}
+    if not_audited:
+        lines.append(
+            "  version topics not audited, their push settings unknown: "
+            + ", ".join(f"{t} ({n} records kept in raw_topic_quarantine)" for t, n in sorted(not_audited.items()))
+            + ": name them with --venice-push-settings FILE and audit the snapshot again"
+        )
     lost = int(audit.value("raw_topic_quarantine", "quarantined_positions", 0) or 0)
     if lost:
         lines.append(f"  positions lost to quarantine: {lost}, each a gap of one position in its dump (raw_topic_quarantine)")
@@ -434,6 +441,8 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
         # Raw Venice records skipped by rule, per replica and kind (control message type or VALUE_CHUNK, CHUNK_CLEANUP).
         "skipped_by_kind": raw.get("skipped_by_kind") or {},
         "quarantined_positions": quarantine.get("quarantined_positions"),
+        # Version topics whose push settings are unknown (topic -> records kept): not audited until given.
+        "topics_not_audited": quarantine.get("topics_not_audited") or {},
         "verdicts": {
             name: divergence.get(f"keys_{name}") for name in ("compared", "consistent", "divergent", "missing", "in_flight")
         },

@@ -81,6 +81,7 @@ QUARANTINE_REASONS = (
     "COMPRESSED_VALUE",
     "NO_UPSTREAM_POSITION",
     "VALUE_TOO_LARGE",
+    "UNKNOWN_PUSH_SETTINGS",
 )
 
 # Why a raw Venice record is skipped by rule: it is not a message of SPEC 1 (a control message

@@ -17,6 +17,7 @@ FINDING_CHECKS = {
     ("divergence_reports", "no_proven_divergence"),
     ("replication_lag", "lag_within_bounds"),
     ("exporter_positions", "exporters_within_bounds"),
+    ("raw_topic_snapshots", "every_topic_decoded"),
 }
 ENV_SETTINGS = {
     ("spark", "master"): "REPLICA_LENS_SPARK_MASTER",
