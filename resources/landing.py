@@ -18,6 +18,7 @@ from pydantic import Field
 
 from resources.errors import InvalidSetting, SnapshotNotReady
 from resources.filesystem import Location
+from resources.settings import whole_number
 from resources.snapshots import SUCCESS_MARKER, UnsafeNameError, check_snapshot_id
 
 CLUSTER_REGIONS_ENV = "REPLICA_LENS_CLUSTER_REGIONS"
@@ -53,19 +54,6 @@ class LandingScan:
     complete: list[str]  # snapshot ids whose folder holds _SUCCESS, oldest first
     incomplete: list[str]  # safe ids still being written
     refused: list[str]  # folder names that are not safe snapshot ids
-
-
-def parse_limit(text: Optional[str], name: str) -> Optional[int]:
-    """A limit setting: a whole number >= 1; empty or None -> None (the default)."""
-    if text is None or not text.strip():
-        return None
-    try:
-        value = int(text.strip())
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InvalidSetting(f"{name}: {text!r} is not a whole number of at least 1")
-    return value
 
 
 def parse_clock_uncertainty(text: Optional[str]) -> int:
@@ -106,7 +94,6 @@ class LandingZone(dg.ConfigurableResource):
         f"milliseconds on each side into intervals (unset: the {CLOCK_UNCERTAINTY_ENV} environment variable, "
         "else 0).",
     )
-
     max_value_bytes: Optional[int] = Field(
         default=None,
         ge=1,
@@ -127,7 +114,7 @@ class LandingZone(dg.ConfigurableResource):
         out = {}
         for name, env in (("max_value_bytes", MAX_VALUE_BYTES_ENV), ("max_chunks", MAX_CHUNKS_ENV)):
             value = getattr(self, name)
-            out[name] = value if value is not None else parse_limit(os.environ.get(env), env)
+            out[name] = value if value is not None else whole_number(os.environ.get(env), env, minimum=1)
         return {name: value for name, value in out.items() if value is not None}
 
     def cluster_region_map(self) -> dict[int, str]:

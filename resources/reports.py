@@ -16,7 +16,7 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from resources.errors import InvalidSetting
+from resources.settings import whole_number
 
 DEFAULT_PICTURES = 10
 DEFAULT_UI_PICTURES = 3
@@ -27,12 +27,8 @@ UI_PICTURES_ENV = "REPLICA_LENS_REPORT_UI_PICTURES"
 def _count(value: Optional[int], env: str, default: int) -> int:
     if value is not None:
         return value
-    text = os.environ.get(env, "").strip()
-    if not text:
-        return default
-    if not text.isdigit():
-        raise InvalidSetting(f"{env} must be a whole number of at least 0, got {text!r}")
-    return int(text)
+    found = whole_number(os.environ.get(env), env, minimum=0)
+    return default if found is None else found
 
 
 class ReportSettings(dg.ConfigurableResource):

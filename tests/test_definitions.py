@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dagster as dg
+import pytest
 
 from assets.partitions import SNAPSHOTS
 from replica_lens.definitions import build_definitions, defs
@@ -368,3 +369,17 @@ def test_a_report_page_that_cannot_be_written_leaves_the_step_standing(tmp_path)
     metadata = report_metadata(context, DeltaStore(warehouse_root=str(blocker / "warehouse")), ReportSettings(),
                                "s1", {"COMPARED": 0})
     assert set(metadata) == {"report_error"} and "Error" in metadata["report_error"], metadata
+
+
+def test_report_picture_counts_come_from_the_resource_else_the_environment(monkeypatch):
+    """Catches a count that ignores its field or its variable, and a bad value taken for 0 (no pictures, silently)."""
+    from resources.errors import InvalidSetting
+    from resources.reports import DEFAULT_PICTURES, PICTURES_ENV, ReportSettings
+
+    monkeypatch.delenv(PICTURES_ENV, raising=False)
+    assert ReportSettings().page_pictures() == DEFAULT_PICTURES
+    monkeypatch.setenv(PICTURES_ENV, "2")
+    assert (ReportSettings().page_pictures(), ReportSettings(pictures=5).page_pictures()) == (2, 5)
+    monkeypatch.setenv(PICTURES_ENV, "many")
+    with pytest.raises(InvalidSetting, match=PICTURES_ENV):
+        ReportSettings().page_pictures()
