@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Iterable, Optional
 
+from explain.carried import Stream
+
 Vector = dict[str, int]
 
 ABSENT = "ABSENT"
@@ -46,9 +48,9 @@ class ReplicaInput:
     dump: dict  # a ``partition_watermarks`` row
     rows: list[dict]  # the key's ``reconstructed_watermarks`` rows, any order
     gap_rows: list[dict] = field(default_factory=list)  # ``heartbeat_segments`` rows with gap_before > 0
-    # The snapshot whose carried state this dump continues (docs/incremental.md): the verdicts compared that state
-    # too, whose bounds are not in this snapshot's tables. None: a fresh stream.
-    carried_from: Optional[str] = None
+    # When this dump continues an earlier snapshot's state (docs/incremental.md): the stream's facts, and ``rows``
+    # are the key's rows as the comparison used them (``explain/carried.py``). None: a fresh stream.
+    stream: Optional[Stream] = None
 
 
 def as_vector(value: Any) -> Optional[Vector]:
@@ -114,10 +116,11 @@ def looks_like_venice(rows: Iterable[dict]) -> bool:
     return bool(puts) and all(r.get("value") is not None and _VENICE_VALUE.match(r["value"]) for r in puts)
 
 
-def _gap_ranges(gap_rows: Iterable[dict]) -> list[dict]:
+def _gap_ranges(gap_rows: Iterable[dict], first_offset: int) -> list[dict]:
+    """The dump's own gaps (a continuing dump's gap before its first offset is the stream's: ``carried_from``)."""
     return [
         {"first": r["offset"] - r["gap_before"], "last": r["offset"] - 1}
-        for r in sorted(gap_rows, key=lambda r: r["offset"])
+        for r in sorted(gap_rows, key=lambda r: r["offset"]) if r["offset"] - r["gap_before"] >= first_offset
     ]
 
 
@@ -131,24 +134,37 @@ def _versions(inp: ReplicaInput) -> list[dict]:
         return gap_after_rows[i] if i < len(gap_after_rows) else None
 
     versions = []
-    dump = inp.dump
-    if dump["starts_with_sop"]:
+    dump, stream = inp.dump, inp.stream
+    starts_with_sop = dump["starts_with_sop"] if stream is None else stream.starts_with_sop
+    if starts_with_sop:
         first = rows[0] if rows else None
+        first_gap = as_vector(dump["first_gap_lower_bound"]) if stream is None else stream.first_gap_lower_bound
+        earlier = False  # ⊥'s reach is L at a row of an earlier snapshot's dump
         if first is not None and first["missing_before"] == 0:
-            reach, reach_row, cut = as_vector(first["applied_lower_bound"]), first["offset"], False
+            # A carried first row's L is the key's first row in the stream: in an earlier dump.
+            earlier = bool(first.get("carried_from"))
+            reach_row = None if earlier else first["offset"]
+            reach, cut = as_vector(first["applied_lower_bound"]), False
+        elif stream is not None and stream.first_gap_earlier:  # the stream's first gap lies before this snapshot
+            reach, reach_row, cut = first_gap, stream.first_gap_row, True
+            earlier = reach_row is None
         elif gap_after_rows:  # a gap lies before the key's first row (or the key never appears): L at the first gap
-            reach, reach_row, cut = as_vector(dump["first_gap_lower_bound"]), gap_after_rows[0], True
+            reach, reach_row, cut = first_gap, gap_after_rows[0], True
         else:
-            reach, reach_row, cut = as_vector(dump["end_lower_bound"]), None, False
+            end = as_vector(dump["end_lower_bound"]) if stream is None else stream.end_lower_bound
+            reach, reach_row, cut = end, None, False
         versions.append({
             "offset": None, "kind": ABSENT, "value_hash": None, "value": None, "source_region": None,
             "source_offset": None, "write_ts": None, "write_ms": None, "touch_bound": {}, "reach": reach,
-            "reach_row": reach_row, "gap_before": False, "gap_after": cut,
+            "reach_row": reach_row, "gap_before": False, "gap_after": cut, "reach_in_earlier_dump": earlier,
+            "carried_from": None,
         })
     for i, row in enumerate(rows):
         nxt = rows[i + 1] if i + 1 < len(rows) else None
         gap_row = first_gap_row_after(row["offset"])
-        if nxt is not None and nxt["missing_before"] == row["missing_before"]:
+        if "reach_row" in row:  # a carried version: explain/carried.py tells where its reach comes from
+            reach_row, cut = row["reach_row"], row["gap_after"]
+        elif nxt is not None and nxt["missing_before"] == row["missing_before"]:
             reach_row, cut = nxt["offset"], False
         elif gap_row is not None:  # a gap lies between the version and its next row (or the end): M = L(g)
             reach_row, cut = gap_row, True
@@ -166,8 +182,10 @@ def _versions(inp: ReplicaInput) -> list[dict]:
             "touch_bound": as_vector(row["touch_bound"]),
             "reach": as_vector(row["reach"]),
             "reach_row": reach_row,
-            "gap_before": row["missing_before"] > 0,
+            "gap_before": row.get("gap_before", row["missing_before"] > 0),
             "gap_after": cut,
+            "reach_in_earlier_dump": row.get("reach_in_earlier_dump", False),
+            "carried_from": row.get("carried_from"),
         })
     return versions
 
@@ -191,14 +209,14 @@ def _replica(inp: ReplicaInput, heartbeats: Optional[list[dict]]) -> dict:
     versions = _versions(inp)
     out = {
         "replica": inp.replica,
-        "carried_from": inp.carried_from,
+        "carried_from": None if inp.stream is None else inp.stream.as_json(),
         "dump": {
             "first_offset": dump["first_offset"],
             "last_offset": dump["last_offset"],
             "starts_with_start_of_push": bool(dump["starts_with_sop"]),
             "gaps": int(dump["gaps"]),
             "gap_positions": int(dump["gap_positions"]),
-            "gap_ranges": _gap_ranges(inp.gap_rows),
+            "gap_ranges": _gap_ranges(inp.gap_rows, dump["first_offset"]),
             "pre_history_bound": as_vector(dump.get("pre_history_bound")),
             "end_lower_bound": as_vector(dump["end_lower_bound"]),
         },

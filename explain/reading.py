@@ -13,6 +13,7 @@ from typing import Iterable, Optional
 
 import pyarrow.dataset as ds
 
+from explain.carried import continue_stream
 from explain.document import ReplicaInput, explain
 from resources.delta_reader import TableReader
 from resources.errors import UsageError
@@ -117,6 +118,31 @@ class SnapshotTables:
         return {place: {r["replica"]: r["previous_snapshot_id"] for r in rows if r["previous_snapshot_id"] is not None}
                 for place, rows in found.items()}
 
+    def carried_state(
+        self, carried: dict[Place, dict[str, str]], keys: Iterable[str]
+    ) -> tuple[dict[tuple, dict], dict[tuple, dict]]:
+        """The states continued (``carried_from``): (replica, topic, partition) -> the predecessor's CONTEXT row, and
+        (replica, topic, partition, key) -> the key's VERSION row there. One read of each predecessor's state."""
+        contexts: dict[tuple, dict] = {}
+        versions: dict[tuple, dict] = {}
+        wanted = ds.field("key").isin(sorted(set(keys)))
+        by_previous: dict[str, set[tuple]] = {}
+        for (topic, partition), replicas in carried.items():
+            for replica, previous in replicas.items():
+                by_previous.setdefault(previous, set()).add((replica, topic, partition))
+        for previous, parts in sorted(by_previous.items()):
+            topics = sorted({t for _, t, _ in parts})
+            where = ds.field("topic").isin(topics) & ((ds.field("row_kind") == "CONTEXT") | wanted)
+            for row in self.reader.read("replica_state", previous, where).to_pylist():
+                part = (row["replica"], row["topic"], row["partition"])
+                if part not in parts:
+                    continue
+                if row["row_kind"] == "CONTEXT":
+                    contexts[part] = row
+                else:
+                    versions[(*part, row["key"])] = row
+        return contexts, versions
+
     def is_venice(self) -> Optional[bool]:
         """True when raw Venice records were read (records skipped by rule: control messages, chunks); None when the
         snapshot skipped none, and each key's own values tell (``document.looks_like_venice``)."""
@@ -148,6 +174,7 @@ def explain_places(
     gaps = tables.gap_rows(gapped) if gapped else {}
     beats = tables.heartbeats(places) if heartbeats else {}
     carried = tables.carried_from(places)
+    contexts, carried_versions = tables.carried_state(carried, keys) if carried else ({}, {})
     versions = tables.versions(places, keys)
     reports = tables.reports(places, keys)
     venice = tables.is_venice() if venice is None else venice
@@ -161,17 +188,33 @@ def explain_places(
         reports_by_key: dict[str, list[dict]] = {}
         for report in reports.get(place, []):
             reports_by_key.setdefault(report["key"], []).append(report)
+
+        def replica_input(dump: dict, key: str) -> ReplicaInput:
+            part = (dump["replica"], *place)
+            return input_of(dump, rows_by_key.get(key, {}).get(dump["replica"], []), gap_rows.get(dump["replica"], []),
+                            contexts.get(part), carried_versions.get((*part, key)))
+
         out[place] = {
             key: explain(
-                tables.snapshot_id, place[0], place[1], key,
-                [ReplicaInput(r["replica"], r, rows_by_key.get(key, {}).get(r["replica"], []),
-                              gap_rows.get(r["replica"], []), carried.get(place, {}).get(r["replica"]))
-                 for r in replicas[place]],
+                tables.snapshot_id, place[0], place[1], key, [replica_input(r, key) for r in replicas[place]],
                 reports_by_key.get(key, []), venice=venice, heartbeats=beat_rows if heartbeats else None,
             )
             for key in place_keys
         }
     return out
+
+
+def input_of(
+    dump: dict, rows: list[dict], gap_rows: list[dict], context: Optional[dict] = None, carried: Optional[dict] = None
+) -> ReplicaInput:
+    """One replica partition's input of ``explain``: its own rows, or, when its dump continues the state whose
+    CONTEXT row is ``context`` (``carried`` the key's VERSION row there), the stream's (``explain/carried.py``)."""
+    if context is None:  # a fresh stream: the snapshot's own rows are the stream's
+        return ReplicaInput(dump["replica"], dump, rows, gap_rows)
+    stream, rows = continue_stream(dump, context, carried, rows)
+    if stream.start_gap:  # the positions between the state and this dump: a gap before its first row
+        gap_rows = [{"offset": dump["first_offset"], "gap_before": stream.start_gap}, *gap_rows]
+    return ReplicaInput(dump["replica"], dump, rows, gap_rows, stream)
 
 
 def _by_replica(rows: list[dict]) -> dict[str, list[dict]]:

@@ -242,9 +242,18 @@ def dump_sentence(replica: dict) -> str:
     else:
         gaps = "no gaps"
     carried = ""
-    if replica.get("carried_from"):
-        carried = (f" It continues the state of snapshot {replica['carried_from']}: its verdicts also compared the "
-                   "versions carried from there, whose bounds (raised by that stream's L(end)) are not shown here.")
+    stream = replica.get("carried_from")
+    if stream:
+        between = stream["gap_before_snapshot"]
+        carried = (
+            f" It continues the state of snapshot {stream['previous_snapshot_id']} (up to offset "
+            f"{stream['previous_last_offset']}"
+            + (f"; {between} position(s) between that state and this dump are missing, a gap" if between else "")
+            + "): the versions below are the stream's as the verdicts compared them, the key's last version carried "
+            f"from that state and this dump's rows after it, with the stream's bounds (P="
+            f"{vector_text(stream['stream_pre_history_bound'])}, L(end)={vector_text(stream['stream_end_lower_bound'])}"
+            f", {stream['stream_gap_positions_before_snapshot']} position(s) missing before this dump)."
+        )
     return (f"dump: offsets {dump['first_offset']}..{dump['last_offset']}, {start}, "
             f"P={vector_text(dump['pre_history_bound'])}, L(end)={vector_text(dump['end_lower_bound'])}, {gaps}."
             + carried)
@@ -279,7 +288,10 @@ def _gaps(version: dict) -> str:
 
 
 def _reach(version: dict) -> str:
-    row = "end" if version["reach_row"] is None else f"@{version['reach_row']}"
+    if version.get("reach_in_earlier_dump"):
+        row = "a row of an earlier snapshot's dump"
+    else:
+        row = "end" if version["reach_row"] is None else f"@{version['reach_row']}"
     cut = ", cut by a gap" if version["gap_after"] else ""
     return f"{vector_text(version['reach'])} = L({row}){cut}"
 
@@ -313,7 +325,8 @@ def version_facts(replica: str, version: dict, roles: dict) -> VersionFacts:
     witness = roles.get((replica, version["offset"]), [])
     return VersionFacts(
         mark="*" if witness else "",
-        name=version_name(version),
+        name=version_name(version) + (f" (carried from {version['carried_from']})" if version.get("carried_from")
+                                       else ""),
         kind=version["kind"],
         value=_value(version),
         hash=_hash(version),

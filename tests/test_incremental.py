@@ -26,6 +26,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from assets.partitions import SNAPSHOTS
+from explain.carried import Stream, continue_stream
+from explain.document import ReplicaInput, explain, witness_versions
+from explain.reading import explain_key, input_of
+from explain.text import render_text
 from pipelines.leapfrog import compare, compare_replicas
 from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.state import (
@@ -547,6 +551,88 @@ def test_a_clean_split_audited_incrementally_gives_the_verdicts_of_one_whole_aud
     assert audits.alone.compared("clean") < audits.s2.compared("clean")
 
 
+# --------------------------------------------------------------------------- explaining a continued key
+
+
+def explained_streams(audited: Audit) -> tuple[dict[tuple, Stream], dict[tuple, dict]]:
+    """Per continued replica partition, the stream's facts, and every (replica, topic, partition, key, offset)'s row,
+    as ``explain`` computes them (``explain/carried.py``) from the rows the tables keep: S's own watermarks, the
+    predecessor's CONTEXT row and its VERSION rows."""
+    contexts = {position(r): r for r in (x.asDict() for x in audited.prior.context.collect()) if r["row_kind"] == CONTEXT}
+    carried = {(*position(r), r["key"]): r for r in (x.asDict() for x in audited.prior.versions.collect())
+               if r["row_kind"] == VERSION and r["snapshot_id"] == contexts.get(position(r), {}).get("snapshot_id")}
+    dumps = {position(r): r for r in (x.asDict() for x in audited.part_wm.collect())}
+    own: dict[tuple, list[dict]] = {}
+    for r in (x.asDict() for x in audited.row_wm.collect()):
+        own.setdefault((*position(r), r["key"]), []).append(r)
+    streams, rows = {}, {}
+    for part, context in contexts.items():
+        keys = {k[3] for k in [*own, *carried] if k[:3] == part}
+        for key in keys:
+            streams[part], key_rows = continue_stream(dumps[part], context, carried.get((*part, key)),
+                                                      own.get((*part, key), []))
+            rows.update({(*part, key, r["offset"]): r for r in key_rows})
+    return streams, rows
+
+
+BOUNDS = ("applied_lower_bound", "touch_bound", "reach", "missing_before")
+
+
+@pytest.mark.parametrize("which", ["s2", "overlapping", "gapped"])
+def test_explain_computes_the_carried_rows_and_bounds_the_comparison_used(audits, overlapping, gapped, which):
+    """``explain/carried.py`` (plain Python, one key at a time) gives, for every key of every continued replica
+    partition, exactly the rows and the L, U, M and gap counts that ``carry_over`` gave the comparison, and the
+    stream's P, L(end), START_OF_PUSH, first gap and gap positions; every report's witness is one of those rows,
+    with the report's U and M.
+
+    Catches explain showing a continuing snapshot's own bounds (not the verdict's), a carried version left out or
+    its reach taken from the wrong rule (a gap in an earlier dump, the gap between the state and S, the key's first
+    row in S, S's first gap), an overlap's rows shown although the comparison left them out, and a P left unknown
+    where the next dump gives it."""
+    audited = {"s2": audits.s2, "overlapping": overlapping, "gapped": gapped}[which]
+    streams, rows = explained_streams(audited)
+    assert streams, "no continued replica partition: the scenario tests nothing"
+    continued = set(streams)
+    spark_rows = {(*position(r), r["key"], r["offset"]): r for r in (x.asDict() for x in audited.rows.collect())
+                  if position(r) in continued}
+    assert set(rows) == set(spark_rows)
+    assert {k: tuple(r[c] for c in BOUNDS) for k, r in rows.items()} == {
+        k: tuple(r[c] for c in BOUNDS) for k, r in spark_rows.items()}
+    for part in (x.asDict() for x in audited.parts.collect()):
+        if position(part) in continued:
+            stream = streams[position(part)]
+            assert (stream.starts_with_sop, stream.pre_history_bound, stream.end_lower_bound,
+                    stream.first_gap_lower_bound) == (part["starts_with_sop"], part["pre_history_bound"],
+                                                      part["end_lower_bound"], part["first_gap_lower_bound"])
+    own_gaps = {position(p): p["gap_positions"] for p in (x.asDict() for x in audited.part_wm.collect())}
+    stream_gaps = {position(p): p["gap_positions"] for p in (x.asDict() for x in audited.parts.collect())}
+    assert {p: own_gaps[p] + s.earlier_gap_positions for p, s in streams.items()} == {p: stream_gaps[p] for p in streams}
+
+    contexts = {position(r): r for r in (x.asDict() for x in audited.prior.context.collect()) if r["row_kind"] == CONTEXT}
+    dumps = {position(r): r for r in (x.asDict() for x in audited.part_wm.collect())}
+    proven = [r for r in audited.reports if r["verdict"] in PROVEN and (r["replica_a"], r["topic"], r["partition"]) in continued]
+    for report in proven:
+        inputs = []
+        for replica in (report["replica_a"], report["replica_b"]):
+            part = (replica, report["topic"], report["partition"])
+            key_rows = [r for k, r in rows.items() if k[:4] == (*part, report["key"])]
+            if part in contexts:
+                inputs.append(ReplicaInput(replica, dumps[part], key_rows, [], streams[part]))
+            else:
+                inputs.append(input_of(dumps[part], [r for r in (x.asDict() for x in audited.row_wm.collect())
+                                                      if (*position(r), r["key"]) == (*part, report["key"])], []))
+        doc = explain(audited.rows.first()["snapshot_id"], report["topic"], report["partition"], report["key"], inputs,
+                      [report])
+        (pair,) = doc["pairs"]
+        v, w = witness_versions(doc, pair)
+        for version, side in ((v, "a"), (w, "b")):
+            assert version["reach"] == report[f"reach_{side}"], (report["key"], side)
+            if version["offset"] is not None:
+                assert version["touch_bound"] == report[f"touch_bound_{side}"], (report["key"], side)
+    if which == "s2":  # k2 and k4 are proven from versions carried from S1 (the test below)
+        assert {r["key"] for r in proven if r["topic"] == TOPIC} == {"k2", "k4"}
+
+
 def restricted_reference(rows: list[dict], s1_rows: list[dict], topic: str) -> dict[tuple, str]:
     """The plain-Python Leap Frog over the whole streams, keeping of S1 only each key's last version."""
     in_s1 = {(*position(r), r["offset"]) for r in s1_rows if r["topic"] == topic and r.get("offset") is not None}
@@ -656,6 +742,13 @@ def test_an_audit_of_s2_through_dagster_proves_faults_last_written_in_s1(spark, 
     assert "replica_state:matches_schema" not in result.failed_checks
     # The per-snapshot tables keep describing S2's own rows: two data rows (k3 in each replica).
     assert table(spark, warehouse, "reconstructed_watermarks", "s2").count() == 2
+    # explain reads the carried state from the tables: k4's witnesses are both versions carried from S1 (dc-b's
+    # CORRUPT at offset 2). Catches explain failing on a witness the snapshot's own rows do not hold.
+    doc = explain_key(str(warehouse), "s2", TOPIC, 0, "k4")
+    v, w = witness_versions(doc, doc["pairs"][0])
+    assert (v["offset"], v["carried_from"], w["offset"], w["carried_from"], w["value"]) == (3, "s1", 2, "s1", "CORRUPT")
+    assert {r["replica"]: r["carried_from"]["previous_last_offset"] for r in doc["replicas"]} == {A: 4, B: 3}
+    assert "@2 (carried from s1)" in render_text(doc)
 
 
 @pytest.mark.slow
@@ -742,25 +835,33 @@ def test_reports_of_only_in_flight_keys_are_written_and_a_healthy_re_audit_empti
         "keys_compared"] == 1
 
 
-def test_a_continuing_dump_that_starts_past_the_carried_end_stops_the_carried_reach_at_the_gap(spark):
-    # dc-a's S2 starts three positions after S1 ended: in between, dc-a applied b's write k="y"
-    # (and a heartbeat) that dc-b holds too. Catches a carried version whose reach runs over the
-    # gap: dc-a's carried k="x" would then seem current while dc-b held "y" with everything that
-    # made it applied, a false DIVERGENT. And S2's rows must take S2's own P as their floor.
-    topic = "gapped"
-    a_all = stream(A, topic, [
-        sop(), put("k", "x", A, 0), heartbeat(A, 1, {A: 1}),
-        put("k", "y", B, 0), put("j", "w", B, 1), heartbeat(B, 2, {A: 1, B: 2}),  # offsets 3-5: never dumped
-        heartbeat(A, 2, {A: 2, B: 2}), put("j", "v", A, 3), heartbeat(A, 4, {A: 4, B: 2}),
-    ])
-    b_all = stream(B, topic, [
-        sop(), put("k", "x", A, 0), put("k", "y", B, 0), put("j", "w", B, 1), heartbeat(B, 2, {A: 1, B: 2}),
-        heartbeat(A, 2, {A: 2, B: 2}), put("j", "v", A, 3), heartbeat(A, 4, {A: 4, B: 2}),
-    ])
-    s1_rows = [r for r in a_all if r["offset"] <= 2] + [r for r in b_all if r["offset"] <= 2]
-    s2_rows = [r for r in a_all if r["offset"] >= 6] + [r for r in b_all if r["offset"] >= 3]
-    s1 = audit(spark, s1_rows, "g1")
-    s2 = audit(spark, s2_rows, "g2", s1.state)
+# dc-a's S2 starts three positions after S1 ended: in between, dc-a applied b's write k="y"
+# (and a heartbeat) that dc-b holds too.
+GAPPED = "gapped"
+GAPPED_A = stream(A, GAPPED, [
+    sop(), put("k", "x", A, 0), heartbeat(A, 1, {A: 1}),
+    put("k", "y", B, 0), put("j", "w", B, 1), heartbeat(B, 2, {A: 1, B: 2}),  # offsets 3-5: never dumped
+    heartbeat(A, 2, {A: 2, B: 2}), put("j", "v", A, 3), heartbeat(A, 4, {A: 4, B: 2}),
+])
+GAPPED_B = stream(B, GAPPED, [
+    sop(), put("k", "x", A, 0), put("k", "y", B, 0), put("j", "w", B, 1), heartbeat(B, 2, {A: 1, B: 2}),
+    heartbeat(A, 2, {A: 2, B: 2}), put("j", "v", A, 3), heartbeat(A, 4, {A: 4, B: 2}),
+])
+
+
+@pytest.fixture(scope="module")
+def gapped(spark) -> Audit:
+    """The gapped scenario's S2 (dc-a's dump starting three positions past S1's end), audited with S1's state."""
+    s1_rows = [r for r in GAPPED_A if r["offset"] <= 2] + [r for r in GAPPED_B if r["offset"] <= 2]
+    s2_rows = [r for r in GAPPED_A if r["offset"] >= 6] + [r for r in GAPPED_B if r["offset"] >= 3]
+    return audit(spark, s2_rows, "g2", audit(spark, s1_rows, "g1").state)
+
+
+def test_a_continuing_dump_that_starts_past_the_carried_end_stops_the_carried_reach_at_the_gap(gapped):
+    # Catches a carried version whose reach runs over the gap: dc-a's carried k="x" would then seem current while
+    # dc-b held "y" with everything that made it applied, a false DIVERGENT. And S2's rows must take S2's own P as
+    # their floor.
+    topic, a_all, b_all, s2 = GAPPED, GAPPED_A, GAPPED_B, gapped
     assert [link["previous_snapshot_id"] for link in s2.prior.links] == ["g1", "g1"]
     # dc-a's last "x" against dc-b's "y": different, not provable over the gap.
     assert s2.verdicts(topic) == {(A, B, "k"): "IN_FLIGHT"}, s2.reports
