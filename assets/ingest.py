@@ -63,7 +63,7 @@ def raw_topic_snapshots(
     # Raw Venice records, if the snapshot holds any: cluster id -> region from the landing resource.
     with spark.sized_for(files.estimated_rows()) as evaluation:
         venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms(),
-                                parse_push_settings(landing.push_settings_file()), Limits(**landing.limit_settings()))
+                                parse_push_settings(landing.push_settings_file()), Limits.checked(**landing.limit_settings()))
         lines = read_snapshot_lines(session, folder, venice)
         judgement = judge_rows(lines, snapshot_id)
 

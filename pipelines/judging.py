@@ -37,6 +37,7 @@ from pyspark.sql import types as T
 
 from pipelines.frames import observed
 from pipelines.venice_frame import REASON_DETAIL
+from pipelines.venice_values import VARIANT_SIZE_LIMIT
 from schemas.conform import conform, local_frame
 from schemas.raw import (
     SKIP_REASONS,
@@ -50,8 +51,11 @@ from schemas.raw import (
     RawTopicSnapshots,
 )
 
-# Spark's JSON parser is lenient by default; a message is strict JSON.
-_JSON_OPTIONS = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false", "allowComments": "false"}
+# Spark's JSON parser is lenient by default; a message is strict JSON. Its strings may be as long as a Variant holds
+# (the fields pass through one below), not only Jackson's default 20 million characters: a decoded Venice value
+# up to the decoder's limit is base64 text here (pipelines/venice_values.py, MAX_SUPPORTED_VALUE_BYTES).
+_JSON_OPTIONS = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false", "allowComments": "false",
+                 "maxStringLen": str(VARIANT_SIZE_LIMIT)}
 _STRING_FIELDS = tuple(name for name, t in MESSAGE_FIELDS.items() if isinstance(t, T.StringType))
 _MESSAGE_STRUCT = T.StructType([T.StructField(name, t) for name, t in MESSAGE_FIELDS.items()])
 _FIELD_MAP = T.MapType(T.StringType(), T.VariantType())

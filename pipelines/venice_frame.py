@@ -21,6 +21,7 @@ from __future__ import annotations
 import pickle
 import re
 import sys
+from typing import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -98,6 +99,25 @@ def _batch(rows: list[dict], schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist(rows, schema=schema)
 
 
+# Decoded rows go back to Spark in batches of at most about this many value bytes: a batch of records whose
+# values expand (decompressed, or reassembled from chunks) must not be held whole, in the worker or the JVM.
+OUTPUT_BATCH_BYTES = 8 * 1024 * 1024
+
+
+def _bounded_batches(rows: Iterable[dict], schema: pa.Schema, text: Sequence[str] = ()) -> Iterator[pa.RecordBatch]:
+    """``rows`` as Arrow batches, each cut once its values, chunks and ``text`` columns pass ``OUTPUT_BATCH_BYTES``."""
+    pending, held = [], 0
+    sized = ("value", "chunk_bytes", *text)
+    for row in rows:
+        pending.append(row)
+        held += sum(len(row[n] or "") for n in sized)
+        if held >= OUTPUT_BATCH_BYTES:
+            yield _batch(pending, schema)
+            pending, held = [], 0
+    if pending:
+        yield _batch(pending, schema)
+
+
 def decode_venice_frame(
     df: DataFrame, cluster_regions: dict[int, str], clock_uncertainty_ms: int, passthrough: tuple[str, ...] = (),
     push_settings: dict[str, PushSettings] | None = None, limits: Limits = Limits(),
@@ -114,20 +134,21 @@ def decode_venice_frame(
     u = int(clock_uncertainty_ms)
     arrow_schema = pa.schema(list(_ARROW_SCHEMA) + [(n, pa.string()) for n in keep])
 
-    def run(batches):
+    def decoded(batches):
         for batch in batches:
-            rows = []
             for r in batch.to_pylist():
                 if r["topic"] in refused:
-                    rows.append(_columns({"outcome": "quarantined", "reason": UNKNOWN_PUSH_SETTINGS, "row": None}, r, keep))
+                    yield _columns({"outcome": "quarantined", "reason": UNKNOWN_PUSH_SETTINGS, "row": None}, r, keep)
                     continue
                 got = venice.decode_record(
                     r["key"], r["value"], replica=r["region"], topic=r["topic"], partition=r["partition"],
                     offset=r["offset"], timestamp_ms=_timestamp_ms(r["timestamp"]), cluster_regions=regions,
                     clock_uncertainty_ms=u, push=push.get(r["topic"], NOT_DECLARED), limits=limits,
                 )
-                rows.append(_columns(got, r, keep))
-            yield _batch(rows, arrow_schema)
+                yield _columns(got, r, keep)
+
+    def run(batches):
+        return _bounded_batches(decoded(batches), arrow_schema, keep)
 
     inp = df.select("key", "value", "topic", F.col("partition").cast("int"), F.col("offset").cast("long"), "timestamp",
                     "region", *[F.col(n).cast("string") for n in keep])
@@ -158,17 +179,18 @@ def reassemble_chunks(decoded: DataFrame, push_settings: dict[str, PushSettings]
     keep = [f.name for f in decoded.schema.fields if f.name not in OUTPUT_SCHEMA.fieldNames()]
     arrow_schema = pa.schema(list(_ARROW_SCHEMA) + [(n, pa.string()) for n in keep])
 
-    def run(batches):
+    def assembled_rows(batches):
         for batch in batches:
-            rows = []
             for r in batch.to_pylist():
                 decoded_manifest = pickle.loads(r["manifest"])
                 got = venice.assemble_manifest(
                     decoded_manifest, {c["chunk_key"]: c["chunk_bytes"] for c in r["_chunks"] or []},
                     push.get(r["topic"], NOT_DECLARED), limits,
                 )
-                rows.append(_columns(got, {**r, "region": r["replica"]}, keep))
-            yield _batch(rows, arrow_schema)
+                yield _columns(got, {**r, "region": r["replica"]}, keep)
+
+    def run(batches):
+        return _bounded_batches(assembled_rows(batches), arrow_schema, keep)
 
     assembled = manifests.join(found, where + ["offset"], "left").mapInArrow(run, decoded.schema)
     return decoded.where(F.col("outcome") != F.lit("manifest")).unionByName(assembled)

@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 import fastavro
 
+from resources.errors import InvalidSetting
+
 # CompressionStrategy.java
 NO_OP, GZIP, ZSTD, ZSTD_WITH_DICT = 0, 1, 2, 3
 COMPRESSION_NAMES = {NO_OP: "NO_OP", GZIP: "GZIP", ZSTD: "ZSTD", ZSTD_WITH_DICT: "ZSTD_WITH_DICT"}
@@ -78,7 +80,20 @@ NOT_DECLARED = PushSettings()
 # value. Values are chunked into messages of at most 950 KiB of payload
 # (VeniceWriter.DEFAULT_MAX_SIZE_FOR_USER_PAYLOAD_PER_MESSAGE_IN_BYTES): 100 MiB is 108 chunks, so a manifest
 # listing ten thousand is no manifest Venice wrote, and each listed key is a row of the chunk join.
-DEFAULT_MAX_VALUE_BYTES = 100 * 1024 * 1024
+VENICE_MAX_RECORD_BYTES = 100 * 1024 * 1024
+# Every decoded record is judged as one JSON object (pipelines/judging.py) whose fields pass through a Spark
+# Variant, which holds at most 128 MiB (VariantUtil.SIZE_LIMIT); the value is base64 text there (4 characters per
+# 3 bytes) beside the record's other fields. So the largest value a record carries whole is about 96 MiB: the
+# limit is never set above it.
+VARIANT_SIZE_LIMIT = 128 * 1024 * 1024
+RECORD_FIELDS_ROOM = 64 * 1024  # the record's other fields, with room to spare
+MAX_SUPPORTED_VALUE_BYTES = (VARIANT_SIZE_LIMIT - RECORD_FIELDS_ROOM) // 4 * 3
+# A value is held as a row several times over on its way (the record's JSON, its parse, its Variant, the
+# exchange by position, each row buffer doubled as it grows): measured, the default 3 GiB driver heap carries a
+# 40 MiB value through the judging and runs out of memory at 48 MiB (docs/venice-input.md, "Limits"). The
+# default stays well inside what the default heap carries; raise it with the heap (spark resource
+# driver_memory), about 64 bytes of heap per byte of the largest value.
+DEFAULT_MAX_VALUE_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_CHUNKS = 10_000
 _READ_PIECE = 1024 * 1024  # decompressed bytes taken at a time: a value is held at most this much past the limit
 
@@ -88,6 +103,19 @@ class Limits(NamedTuple):
 
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     max_chunks: int = DEFAULT_MAX_CHUNKS
+
+    @classmethod
+    def checked(cls, **settings: int) -> "Limits":
+        """The limits ``settings`` set (the others default); ``InvalidSetting`` for a value limit no record can
+        carry whole (above ``MAX_SUPPORTED_VALUE_BYTES``)."""
+        limits = cls(**settings)
+        if limits.max_value_bytes > MAX_SUPPORTED_VALUE_BYTES:
+            raise InvalidSetting(
+                f"the largest value (max_value_bytes, REPLICA_LENS_MAX_VALUE_BYTES) is at most "
+                f"{MAX_SUPPORTED_VALUE_BYTES} bytes, got {limits.max_value_bytes}: a decoded record is judged as JSON "
+                "through a Spark Variant, which holds 128 MiB, and the value is base64 there (docs/venice-input.md)"
+            )
+        return limits
 
 
 class CorruptValue(ValueError):

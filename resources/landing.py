@@ -98,8 +98,8 @@ class LandingZone(dg.ConfigurableResource):
         default=None,
         ge=1,
         description="Raw Venice records: the largest value, decompressed and reassembled from its chunks; a larger one "
-        f"is quarantined VALUE_TOO_LARGE (unset: {MAX_VALUE_BYTES_ENV}, else 100 MiB, Venice's default largest "
-        "record; docs/venice-input.md).",
+        f"is quarantined VALUE_TOO_LARGE (unset: {MAX_VALUE_BYTES_ENV}, else 16 MiB; at most about 96 MiB; "
+        "raise the Spark driver heap with it: docs/venice-input.md).",
     )
     max_chunks: Optional[int] = Field(
         default=None,

@@ -364,3 +364,41 @@ def test_a_topic_without_push_settings_is_kept_and_named_and_the_others_are_audi
     assert any(f"not audited, their push settings unknown: {kept_topic}" in line for line in summary_lines(audit))
     compared = audit.metadata["divergence_reports"]["keys_compared"]
     assert compared > 0, "the topic with settings must be audited"
+
+
+@pytest.mark.slow
+def test_a_value_at_the_default_limit_passes_whole_through_spark_and_one_byte_more_is_refused(spark, tmp_path):
+    """A GZIP PUT whose value is exactly the default limit (16 MiB) once decompressed is accepted whole through the
+    decoder, the JSON judging and its Variant; one a byte larger is quarantined VALUE_TOO_LARGE with its position;
+    a limit above what a record can carry whole is refused as a setting. Catches a hidden ceiling on the way
+    (Jackson's 20-million-character strings quarantined a 16 MiB value as MALFORMED_JSON, without its position)."""
+    import hashlib
+
+    from pipelines.venice_values import DEFAULT_MAX_VALUE_BYTES, GZIP, MAX_SUPPORTED_VALUE_BYTES, Limits, PushSettings
+
+    push = PushSettings(False, GZIP)
+    base = {"replica": "dc-a", "topic": TOPIC, "partition": 0}
+    largest = (b"0123456789abcdef" * (DEFAULT_MAX_VALUE_BYTES // 16 + 1))[:DEFAULT_MAX_VALUE_BYTES]
+    rows = [{**base, "offset": 0, "kind": "START_OF_PUSH"}]
+    for offset, key, value in ((1, "azE=", largest), (2, "azI=", largest + b"!")):
+        rows.append({**base, "offset": offset, "kind": "PUT", "key": key, "source_region": "dc-a",
+                     "source_offset": offset, "write_ts": 1_000 << 18, "leader_epoch": 2,
+                     "value": "1:" + base64.b64encode(value).decode("ascii")})
+    records = []
+    for row in rows:
+        rec = encode_record(row, region_clusters=REGIONS, clock_uncertainty_ms=U, push=push)
+        records.append((rec.key, rec.value, row["offset"], rec.timestamp_ms))
+    del rows
+    folder = tmp_path / "large"
+    write_snapshot(folder, {"dc-a": records})
+    judgement = judge_rows(read_snapshot_lines(spark, str(folder), VeniceSettings(CLUSTERS, U)), "large")
+    from pyspark.sql import functions as F
+
+    accepted = judgement.accepted.select("offset", F.sha2("value", 256).alias("digest")).collect()
+    quarantined = judgement.quarantine().select("offset", "reason").collect()
+    assert [(r["offset"], r["digest"]) for r in accepted] == [
+        (0, None), (1, hashlib.sha256(("1:" + base64.b64encode(largest).decode("ascii")).encode()).hexdigest())]
+    assert [(r["offset"], r["reason"]) for r in quarantined] == [(2, "VALUE_TOO_LARGE")]
+    assert Limits.checked() == Limits()
+    with pytest.raises(InvalidSetting, match="at most"):
+        Limits.checked(max_value_bytes=MAX_SUPPORTED_VALUE_BYTES + 1)

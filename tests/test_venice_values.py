@@ -273,3 +273,27 @@ def test_a_manifest_announcing_too_much_is_quarantined_before_its_chunks_are_loo
     ok = dec(b"\x00" + WHOLE, put(encode_manifest(keys, 7, 500), -20, rmd=b"\x00\xd0\x0f\x00", rmd_version=1), push,
              limits=Limits(max_value_bytes=1000, max_chunks=3))
     assert ok["outcome"] == "manifest"
+
+
+def test_decoded_rows_go_back_to_spark_in_batches_bounded_by_their_value_bytes():
+    """The decoder's output batches are cut once their values, chunks and passthrough text pass about 8 MiB, and
+    keep every row in order. Catches a batch of records whose values expanded (decompressed, reassembled) being
+    held whole: 10000 records of a few MiB each, several GiB in the Python worker and the JVM at once."""
+    import pyarrow as pa
+
+    from pipelines.venice_frame import OUTPUT_BATCH_BYTES, _bounded_batches
+
+    schema = pa.schema([("offset", pa.int64()), ("value", pa.string()), ("chunk_bytes", pa.binary()),
+                        ("record_json", pa.string())])
+    big = "v" * (3 * MIB)
+    rows = [{"offset": i, "value": big if i % 2 else None, "chunk_bytes": b"c" * MIB if i % 3 == 0 else None,
+             "record_json": "{}"} for i in range(20)] + [{"offset": 20, "value": None, "chunk_bytes": None,
+                                                         "record_json": "r" * (9 * MIB)}]
+    batches = list(_bounded_batches(iter(rows), schema, ("record_json",)))
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(21))
+    assert len(batches) > 1
+    for batch in batches[:-1]:  # each cut as soon as it passed the bound: at most one row beyond it
+        sizes = [len(v or "") + len(c or b"") + len(r or "") for v, c, r in zip(
+            batch.column("value").to_pylist(), batch.column("chunk_bytes").to_pylist(),
+            batch.column("record_json").to_pylist())]
+        assert sum(sizes[:-1]) < OUTPUT_BATCH_BYTES <= sum(sizes)
