@@ -1,6 +1,8 @@
 """Stage 1: raw topic snapshots from the landing zone into Delta, with a quarantine for bad rows and the positions
 of the raw Venice records skipped by rule."""
 
+from typing import Sequence
+
 import dagster as dg
 from pyspark.sql import functions as F
 
@@ -15,12 +17,19 @@ from pipelines.reading import (
     read_snapshot_lines,
     venice_cluster_ids,
 )
-from pipelines.push_settings import parse_push_settings
-from pipelines.venice_frame import UNKNOWN_PUSH_SETTINGS, unknown_cluster_id_in, unknown_cluster_ids_message
+from pipelines.push_settings import DECLARED_FIELD, carried_from_rows, parse_push_settings
+from pipelines.venice_frame import (
+    UNKNOWN_PUSH_SETTINGS,
+    CarriedSettings,
+    PushResolution,
+    unknown_cluster_id_in,
+    unknown_cluster_ids_message,
+)
 from pipelines.venice_values import Limits
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource
+from schemas.registry import struct_for
 
 GROUP = "ingest"
 KINDS = {"spark", "delta"}
@@ -28,7 +37,8 @@ KINDS = {"spark", "delta"}
 
 EVERY_TOPIC_DECODED = "every_topic_decoded"
 NAME_THE_SETTINGS = ("name their compression and chunking with --venice-push-settings FILE (the landing resource's "
-                     "venice_push_settings) and audit the snapshot again: their records are kept in raw_topic_quarantine")
+                     "venice_push_settings), or audit the snapshot holding their START_OF_PUSH first, and audit this "
+                     "one again: their records are kept in raw_topic_quarantine")
 
 # The tables of the ingestion step, with what each holds.
 TABLES = {
@@ -36,6 +46,25 @@ TABLES = {
     "raw_topic_quarantine": "Rows of a snapshot that break SPEC 1, with the reason and the file they came from.",
     "raw_topic_skipped": "Positions of the raw Venice records skipped by rule: read, so not gaps (SPEC 3a).",
 }
+
+
+def earlier_start_of_push(session, store: DeltaStore, snapshot_id: str) -> CarriedSettings:
+    """What the START_OF_PUSH rows of the other snapshots in ``raw_topic_snapshots`` declared, per version topic asked
+    for: the settings of a dump that continues a stream (docs/incremental.md). One read of the table's
+    START_OF_PUSH rows of those topics (the filters reach the Parquet scan), made only when a snapshot holds raw
+    Venice records."""
+
+    def carried(topics: Sequence[str]) -> dict:
+        if not store.exists("raw_topic_snapshots"):
+            return {}
+        declared = F.col("extra_fields").getItem(DECLARED_FIELD)
+        rows = (store.read_all(session, "raw_topic_snapshots", struct_for("raw_topic_snapshots"))
+                .where((F.col("kind") == "START_OF_PUSH") & F.col("topic").isin(list(topics))
+                       & (F.col("snapshot_id") != snapshot_id) & declared.isNotNull())
+                .select("snapshot_id", "topic", declared.alias("declared")).distinct().collect())
+        return carried_from_rows([(r["snapshot_id"], r["topic"], r["declared"]) for r in rows])
+
+    return carried
 
 
 @dg.multi_asset(
@@ -62,8 +91,11 @@ def raw_topic_snapshots(
     files = list_snapshot_files(folder)
     # Raw Venice records, if the snapshot holds any: cluster id -> region from the landing resource.
     with spark.sized_for(files.estimated_rows()) as evaluation:
+        resolutions: list[PushResolution] = []
         venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms(),
-                                parse_push_settings(landing.push_settings_file()), Limits.checked(**landing.limit_settings()))
+                                parse_push_settings(landing.push_settings_file()), Limits.checked(**landing.limit_settings()),
+                                carried_push_settings=earlier_start_of_push(session, store, snapshot_id),
+                                on_resolved=resolutions.append)
         lines = read_snapshot_lines(session, folder, venice)
         judgement = judge_rows(lines, snapshot_id)
 
@@ -144,10 +176,18 @@ def raw_topic_snapshots(
         if not_audited:
             context.log.warning(f"version topics not audited, their push settings unknown: {not_audited}; "
                                 f"{NAME_THE_SETTINGS}")
+        # Where each version topic's push settings came from, and where the snapshot, the file and earlier snapshots
+        # disagreed (the first of them was used). The two reads of the snapshot resolve the same.
+        sources = {t: src for r in resolutions for t, src in r.sources.items()}
+        disagreements = {t: text for r in resolutions for t, text in r.disagreements.items()}
+        for topic, text in sorted(disagreements.items()):
+            context.log.warning(f"version topic {topic}: push settings disagree: {text}")
         tables.add_metadata(
             "raw_topic_quarantine",
             {
                 "topics_not_audited": dg.MetadataValue.json(dict(sorted(not_audited.items()))),
+                "push_settings_from": dg.MetadataValue.json(dict(sorted(sources.items()))),
+                "push_settings_disagreements": dg.MetadataValue.json(dict(sorted(disagreements.items()))),
                 "rows_quarantined": counts["rows_quarantined"],
                 "by_reason": dg.MetadataValue.json(counts["by_reason"]),
                 # Positions lost to quarantine (SPEC 3a): each a gap of one position in its dump.

@@ -3,7 +3,8 @@
 Every partition of a version topic starts with a START_OF_PUSH that declares how its values are
 written (``pipelines/venice_values.py``). A dump that starts later (a mid-stream or continuing dump)
 lacks it; then the settings come from another partition's START_OF_PUSH in the same snapshot, else from
-this file, else the audit stops naming the topics (docs/venice-input.md). The file is JSON, one entry per
+this file, else from the START_OF_PUSH of an earlier snapshot of the warehouse, else the topic is not audited
+and is named (docs/venice-input.md). The file is JSON, one entry per
 version topic::
 
     {
@@ -14,7 +15,8 @@ version topic::
 
 ``compression`` is Venice's name of the strategy (NO_OP, GZIP, ZSTD, ZSTD_WITH_DICT; any case);
 ``chunked`` defaults to false. ZSTD_WITH_DICT needs the dictionary: ``dictionary_file`` (a path,
-relative to the JSON file) or ``dictionary_base64``. A START_OF_PUSH in the snapshot wins over the file.
+relative to the JSON file) or ``dictionary_base64``. A START_OF_PUSH in the snapshot wins over the file, the file over
+earlier snapshots.
 """
 from __future__ import annotations
 
@@ -44,27 +46,30 @@ def parse_push_settings(path: str | None) -> dict[str, PushSettings]:
         raise InvalidSetting(f"Venice push settings {path}: not JSON ({exc})") from None
     if not isinstance(document, dict):
         raise InvalidSetting(f"Venice push settings {path}: expected an object of version topic -> settings")
-    settings: dict[str, PushSettings] = {}
-    for topic, entry in document.items():
-        where = f"Venice push settings {path}, topic {topic!r}"
-        if not isinstance(entry, dict) or set(entry) - _FIELDS:
-            raise InvalidSetting(f"{where}: expected an object with only {sorted(_FIELDS)}")
-        name = str(entry.get("compression", "NO_OP")).upper()
-        if name not in _BY_NAME:
-            raise InvalidSetting(f"{where}: compression {entry.get('compression')!r} is not one of {sorted(_BY_NAME)}")
-        chunked = entry.get("chunked", False)
-        if not isinstance(chunked, bool):
-            raise InvalidSetting(f"{where}: chunked must be true or false")
-        dictionary = _dictionary(entry, file, where)
-        if _BY_NAME[name] == ZSTD_WITH_DICT and not dictionary:
-            raise InvalidSetting(f"{where}: ZSTD_WITH_DICT needs dictionary_file or dictionary_base64")
-        settings[topic] = PushSettings(chunked, _BY_NAME[name], dictionary)
-    return settings
+    return {topic: push_settings_entry(entry, f"Venice push settings {path}, topic {topic!r}", file.parent)
+            for topic, entry in document.items()}
 
 
-def _dictionary(entry: dict, file: Path, where: str) -> bytes | None:
-    if "dictionary_file" in entry:
-        dict_path = file.parent / str(entry["dictionary_file"])
+def push_settings_entry(entry: object, where: str, folder: Path | None = None) -> PushSettings:
+    """One topic's entry (``push_settings_document``'s form) -> PushSettings; InvalidSetting says what is wrong.
+    ``folder``: where a ``dictionary_file`` is looked for (None: the entry may not name one)."""
+    if not isinstance(entry, dict) or set(entry) - _FIELDS:
+        raise InvalidSetting(f"{where}: expected an object with only {sorted(_FIELDS)}")
+    name = str(entry.get("compression", "NO_OP")).upper()
+    if name not in _BY_NAME:
+        raise InvalidSetting(f"{where}: compression {entry.get('compression')!r} is not one of {sorted(_BY_NAME)}")
+    chunked = entry.get("chunked", False)
+    if not isinstance(chunked, bool):
+        raise InvalidSetting(f"{where}: chunked must be true or false")
+    dictionary = _dictionary(entry, folder, where)
+    if _BY_NAME[name] == ZSTD_WITH_DICT and not dictionary:
+        raise InvalidSetting(f"{where}: ZSTD_WITH_DICT needs dictionary_file or dictionary_base64")
+    return PushSettings(chunked, _BY_NAME[name], dictionary)
+
+
+def _dictionary(entry: dict, folder: Path | None, where: str) -> bytes | None:
+    if "dictionary_file" in entry and folder is not None:
+        dict_path = folder / str(entry["dictionary_file"])
         try:
             return dict_path.read_bytes()
         except OSError as exc:
@@ -79,10 +84,23 @@ def _dictionary(entry: dict, file: Path, where: str) -> bytes | None:
 
 def push_settings_document(settings: dict[str, PushSettings]) -> dict:
     """The JSON document ``parse_push_settings`` reads back as ``settings`` (dictionaries inline, base64)."""
-    out = {}
-    for topic, s in sorted(settings.items()):
-        entry: dict = {"compression": COMPRESSION_NAMES.get(s.compression, str(s.compression)), "chunked": s.chunked}
-        if s.dictionary:
-            entry["dictionary_base64"] = base64.b64encode(s.dictionary).decode("ascii")
-        out[topic] = entry
+    return {topic: s.as_entry() for topic, s in sorted(settings.items())}
+
+
+# The extra field of a START_OF_PUSH row of raw_topic_snapshots that keeps what it declared (pipelines/venice_frame.py).
+DECLARED_FIELD = "venice_push_settings"
+
+
+def carried_from_rows(rows: list[tuple[str, str, str]]) -> dict[str, dict[PushSettings, list[str]]]:
+    """(snapshot_id, topic, declared JSON) of earlier START_OF_PUSH rows -> topic -> {settings: [snapshot ids]}.
+    A declaration that does not parse is left out (an earlier snapshot's row of another version of the project)."""
+    out: dict[str, dict[PushSettings, list[str]]] = {}
+    for snapshot_id, topic, text in rows:
+        try:
+            settings = push_settings_entry(json.loads(text), f"snapshot {snapshot_id}, topic {topic!r}")
+        except (InvalidSetting, ValueError):
+            continue
+        ids = out.setdefault(topic, {}).setdefault(settings, [])
+        if snapshot_id not in ids:
+            ids.append(snapshot_id)
     return out

@@ -57,6 +57,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -67,6 +68,8 @@ from pyspark.sql import types as T
 from pipelines.gzip_lines import BLANK, gzip_file_batches
 from pipelines.venice_frame import (
     cluster_ids_in,
+    CarriedSettings,
+    PushResolution,
     resolve_push_settings,
     venice_lines,
     venice_skipped_positions,
@@ -104,6 +107,10 @@ class VeniceSettings:
     push_settings: dict[str, PushSettings] = field(default_factory=dict)
     # The largest value (decompressed, reassembled) and chunk count one record may make the decoder hold.
     limits: Limits = field(default_factory=Limits)
+    # What earlier snapshots' START_OF_PUSH records declared, for a dump that continues a stream (None: not looked up).
+    carried_push_settings: "CarriedSettings | None" = None
+    # Told each resolution of a snapshot's push settings (where each topic's came from, what disagreed).
+    on_resolved: "Callable[[PushResolution], None] | None" = None
 
 
 # What read_snapshot_lines returns. read_error is set only on the one row standing for an
@@ -286,9 +293,11 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: Venice
     for table, is_venice in tables:
         if is_venice:
             records = table.select("*", _source_file_name(table).alias("source_file"))
-            push, refused = resolve_push_settings(records, venice.push_settings)
-            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, push, venice.limits,
-                                       frozenset(refused)))
+            resolved = resolve_push_settings(records, venice.push_settings, venice.carried_push_settings)
+            if venice.on_resolved is not None:
+                venice.on_resolved(resolved)
+            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, resolved.settings,
+                                       venice.limits, frozenset(resolved.refused)))
             continue
         columns = [F.col("`" + name.replace("`", "``") + "`") for name in table.columns]
         frames.append(
@@ -320,9 +329,11 @@ def read_skipped_positions(
     for table, is_venice in tables:
         if is_venice:
             records = table.select("*", _source_file_name(table).alias("source_file"))
-            push, refused = resolve_push_settings(records, venice.push_settings)
-            frames.append(venice_skipped_positions(records, venice.cluster_regions, venice.clock_uncertainty_ms, push,
-                                                   frozenset(refused)))
+            resolved = resolve_push_settings(records, venice.push_settings, venice.carried_push_settings)
+            if venice.on_resolved is not None:
+                venice.on_resolved(resolved)
+            frames.append(venice_skipped_positions(records, venice.cluster_regions, venice.clock_uncertainty_ms,
+                                                   resolved.settings, frozenset(resolved.refused)))
     struct = RawTopicSkipped.to_structtype()
     if not frames:
         return local_frame(spark, [], struct)

@@ -18,10 +18,11 @@ record as JSON (key and value in base64), for the quarantine.
 they hold no row: SPEC 3a), decoding only the control records, the only ones that can be."""
 from __future__ import annotations
 
+import json
 import pickle
 import re
 import sys
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import pyarrow as pa
 from pyspark import cloudpickle
@@ -37,11 +38,14 @@ from schemas.raw import MESSAGE_FIELDS
 
 # What decoding adds to the SPEC 1 columns. A chunk carries its key (with the chunking suffix) and bytes; a
 # manifest (outcome "manifest", only in a chunked version) the keys of its chunks and, pickled, the rest
-# ``venice.assemble_manifest`` needs; a quarantined manifest the chunks it misses (``missing``).
+# ``venice.assemble_manifest`` needs; a quarantined manifest the chunks it misses (``missing``); a START_OF_PUSH
+# what it declares (``push_settings``, JSON as one entry of the push settings file), which its row keeps in
+# ``extra_fields`` as ``venice_push_settings`` for the snapshots that continue the stream.
 _EXTRA = [("outcome", T.StringType(), pa.string()), ("reason", T.StringType(), pa.string()),
           ("control_message", T.StringType(), pa.string()), ("chunk_key", T.BinaryType(), pa.binary()),
           ("chunk_bytes", T.BinaryType(), pa.binary()), ("manifest_keys", T.ArrayType(T.BinaryType()), pa.list_(pa.binary())),
-          ("manifest", T.BinaryType(), pa.binary()), ("missing", T.StringType(), pa.string())]
+          ("manifest", T.BinaryType(), pa.binary()), ("missing", T.StringType(), pa.string()),
+          ("push_settings", T.StringType(), pa.string())]
 OUTPUT_SCHEMA = T.StructType(
     [T.StructField(n, t, True) for n, t in MESSAGE_FIELDS.items()] + [T.StructField(n, t, True) for n, t, _ in _EXTRA]
 )
@@ -86,7 +90,7 @@ def _columns(outcome: dict, record: dict, keep: list[str]) -> dict:
     out = {n: row.get(n) for n in MESSAGE_FIELDS}
     out.update(outcome=outcome["outcome"], reason=outcome["reason"], control_message=row.get("control_message"),
                chunk_key=row.get("chunk_key"), chunk_bytes=row.get("chunk_bytes"), missing=outcome.get("missing"),
-               manifest_keys=None, manifest=None)
+               manifest_keys=None, manifest=None, push_settings=outcome.get("push_settings"))
     if outcome["outcome"] == "manifest":
         rmd = row["rmd_manifest"]
         out["manifest_keys"] = row["manifest"]["keys"] + (rmd["keys"] if rmd else [])
@@ -145,6 +149,9 @@ def decode_venice_frame(
                     offset=r["offset"], timestamp_ms=_timestamp_ms(r["timestamp"]), cluster_regions=regions,
                     clock_uncertainty_ms=u, push=push.get(r["topic"], NOT_DECLARED), limits=limits,
                 )
+                if got["row"] is not None and got["row"].get("kind") == "START_OF_PUSH":
+                    declared = venice.start_of_push_settings(r["key"], r["value"])
+                    got["push_settings"] = None if declared is None else json.dumps(declared.as_entry(), sort_keys=True)
                 yield _columns(got, r, keep)
 
     def run(batches):
@@ -233,25 +240,76 @@ def push_settings_in(records: DataFrame) -> tuple[dict[str, set[PushSettings]], 
     return declared, with_data
 
 
+class PushResolution(NamedTuple):
+    """Per version topic of a snapshot: its settings and where they come from, the topics refused (with why), and
+    where the sources disagree (the one that wins is named)."""
+
+    settings: dict[str, PushSettings]
+    refused: dict[str, str]
+    sources: dict[str, str]  # topic -> "START_OF_PUSH", "settings file" or "carried from <snapshot ids>"
+    disagreements: dict[str, str]  # topic -> what disagrees with what, and which was used
+
+
+# Earlier snapshots' START_OF_PUSH of the topics asked for: topic -> {settings: [snapshot ids declaring them]}.
+CarriedSettings = Callable[[Sequence[str]], dict[str, dict[PushSettings, list[str]]]]
+
+
 def resolve_push_settings(
-    records: DataFrame, configured: dict[str, PushSettings] | None = None
-) -> tuple[dict[str, PushSettings], dict[str, str]]:
-    """Per version topic of ``records``: its settings as its START_OF_PUSH records declare them (any partition's,
-    any replica's: one version topic has one), else as ``configured``; and the topics refused, with why: those that
-    hold data but neither (a dump that starts after START_OF_PUSH, without configuration) and those whose
-    START_OF_PUSH records disagree. A refused topic is not decoded: its records are quarantined
-    UNKNOWN_PUSH_SETTINGS, bytes kept (``decode_venice_frame``), and every other topic is audited as usual."""
+    records: DataFrame, configured: dict[str, PushSettings] | None = None, carried: CarriedSettings | None = None,
+) -> PushResolution:
+    """Per version topic of ``records``: its settings as its START_OF_PUSH records in the snapshot declare them (any
+    partition's, any replica's: one version topic has one), else as ``configured`` (the settings file), else as the
+    START_OF_PUSH of earlier snapshots of the stream declared them (``carried``: a continuing dump). The topics
+    refused, with why: those that hold data but none of the three, those whose START_OF_PUSH records disagree (in the
+    snapshot, or among the earlier snapshots when they are the source). A refused topic is not decoded: its records
+    are quarantined UNKNOWN_PUSH_SETTINGS, bytes kept (``decode_venice_frame``), and every other topic is audited as
+    usual. Where the snapshot, the file and the earlier snapshots disagree, the first of them wins and the
+    disagreement is reported."""
     configured = dict(configured or {})
     declared, with_data = push_settings_in(records)
-    refused = {
-        t: "its START_OF_PUSH records declare different settings: " + ", ".join(sorted(x.describe() for x in s))
-        for t, s in declared.items() if len(s) > 1
-    }
-    resolved = {t: next(iter(s)) for t, s in declared.items() if t not in refused}
-    for t in sorted(with_data):
-        if t not in resolved and t not in refused and t not in configured:
+    topics = sorted(set(with_data) | set(declared))
+    earlier = carried(topics) if carried is not None and topics else {}
+    settings: dict[str, PushSettings] = {}
+    refused: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    disagreements: dict[str, str] = {}
+
+    def described(found: dict[PushSettings, list[str]]) -> str:
+        return "; ".join(f"{x.describe()} (snapshot {', '.join(sorted(ids))})" for x, ids in sorted(
+            found.items(), key=lambda item: item[0].describe()))
+
+    for t in topics:
+        own = declared.get(t, set())
+        if len(own) > 1:
+            refused[t] = "its START_OF_PUSH records declare different settings: " + ", ".join(sorted(x.describe() for x in own))
+            continue
+        before = earlier.get(t, {})
+        if own:
+            settings[t], sources[t] = next(iter(own)), "START_OF_PUSH"
+        elif t in configured:
+            settings[t], sources[t] = configured[t], "settings file"
+        elif len(before) == 1:
+            (found, ids), = before.items()
+            settings[t], sources[t] = found, f"carried from {', '.join(sorted(ids))}"
+            continue
+        elif before:
+            refused[t] = ("it holds no START_OF_PUSH in the snapshot, no push settings file names it, and earlier "
+                          f"snapshots' START_OF_PUSH records declare different settings: {described(before)}")
+            continue
+        elif t in with_data:
             refused[t] = "it holds data records but no START_OF_PUSH in the snapshot, and no push settings file names it"
-    return {**{t: s for t, s in configured.items() if t not in resolved and t not in refused}, **resolved}, refused
+            continue
+        else:
+            continue
+        others = []
+        if sources[t] == "START_OF_PUSH" and t in configured and configured[t] != settings[t]:
+            others.append(f"the settings file says {configured[t].describe()}")
+        differing = {x: ids for x, ids in before.items() if x != settings[t]}
+        if differing:
+            others.append(f"earlier snapshots' START_OF_PUSH declared {described(differing)}")
+        if others:
+            disagreements[t] = f"used {settings[t].describe()} ({sources[t]}); " + "; ".join(others)
+    return PushResolution(settings, refused, sources, disagreements)
 
 
 def cluster_ids_in(records: DataFrame) -> list[int]:
@@ -293,7 +351,7 @@ REASON_DETAIL = {
     "snapshot and none named by --venice-push-settings, or START_OF_PUSH records that disagree): its records are "
     "kept, not decoded; audit the snapshot again with the settings",
     "VALUE_TOO_LARGE": "the value, decompressed or reassembled from its chunks, is larger than the limit "
-    "(REPLICA_LENS_MAX_VALUE_BYTES, default 100 MiB, Venice's default largest record), or its manifest names more "
+    "(REPLICA_LENS_MAX_VALUE_BYTES, default 16 MiB, at most about 96 MiB), or its manifest names more "
     "chunks than REPLICA_LENS_MAX_CHUNKS (default 10000): decoding stopped there",
     "NO_UPSTREAM_POSITION": "no leader metadata footer or no upstream offset: no source position",
 }
@@ -324,7 +382,12 @@ def venice_lines(
                                   refused_topics=refused_topics)
     if any(p.chunked for p in push.values()):
         decoded = reassemble_chunks(decoded, push, limits)
-    message = F.to_json(F.struct(*[F.col(n) for n in MESSAGE_FIELDS]), {"ignoreNullFields": "true"})
+    fields = F.to_json(F.struct(*[F.col(n) for n in MESSAGE_FIELDS]), {"ignoreNullFields": "true"})
+    decoded = decoded.withColumn("_fields", fields)
+    # A START_OF_PUSH keeps what it declares, as an extra field of its row (``extra_fields``).
+    message = F.when(F.col("push_settings").isNull(), F.col("_fields")).otherwise(
+        F.concat(F.expr("substring(_fields, 1, length(_fields) - 1)"), F.lit(',"venice_push_settings":'),
+                 F.col("push_settings"), F.lit("}")))
     is_row = F.col("outcome") == F.lit("row")
     # A manifest quarantined for missing chunks: the Kafka record, and which chunks the dump lacks.
     with_missing = F.concat(F.expr("substring(record_json, 1, length(record_json) - 1)"), F.lit(","),

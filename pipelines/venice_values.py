@@ -25,6 +25,7 @@ Pure functions, used by the decoder (``pipelines.venice``) on the executors and 
 """
 from __future__ import annotations
 
+import base64
 import gzip
 import io
 from typing import NamedTuple
@@ -69,6 +70,14 @@ class PushSettings(NamedTuple):
     def describe(self) -> str:
         name = COMPRESSION_NAMES.get(self.compression, f"strategy {self.compression}")
         return f"{name}{', chunked' if self.chunked else ''}"
+
+    def as_entry(self) -> dict:
+        """These settings as one topic's entry of the push settings file (``pipelines/push_settings.py``)."""
+        entry: dict = {"compression": COMPRESSION_NAMES.get(self.compression, str(self.compression)),
+                       "chunked": self.chunked}
+        if self.dictionary:
+            entry["dictionary_base64"] = base64.b64encode(self.dictionary).decode("ascii")
+        return entry
 
 
 NOT_DECLARED = PushSettings()

@@ -171,8 +171,11 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
         lines.append(
             "  version topics not audited, their push settings unknown: "
             + ", ".join(f"{t} ({n} records kept in raw_topic_quarantine)" for t, n in sorted(not_audited.items()))
-            + ": name them with --venice-push-settings FILE and audit the snapshot again"
+            + ": name them with --venice-push-settings FILE (or audit the snapshot holding their START_OF_PUSH first) "
+            "and audit the snapshot again"
         )
+    for topic, text in sorted((audit.value("raw_topic_quarantine", "push_settings_disagreements", None) or {}).items()):
+        lines.append(f"  version topic {topic}: push settings disagree: {text}")
     lost = int(audit.value("raw_topic_quarantine", "quarantined_positions", 0) or 0)
     if lost:
         lines.append(f"  positions lost to quarantine: {lost}, each a gap of one position in its dump (raw_topic_quarantine)")
@@ -443,6 +446,10 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
         "quarantined_positions": quarantine.get("quarantined_positions"),
         # Version topics whose push settings are unknown (topic -> records kept): not audited until given.
         "topics_not_audited": quarantine.get("topics_not_audited") or {},
+        # Where each version topic's push settings came from (START_OF_PUSH, settings file, carried from snapshots),
+        # and where those sources disagreed (the first one was used).
+        "push_settings_from": quarantine.get("push_settings_from") or {},
+        "push_settings_disagreements": quarantine.get("push_settings_disagreements") or {},
         "verdicts": {
             name: divergence.get(f"keys_{name}") for name in ("compared", "consistent", "divergent", "missing", "in_flight")
         },

@@ -333,37 +333,85 @@ def test_values_over_the_limits_are_quarantined_with_their_positions_and_every_r
     assert refused == {True, False}, refused
 
 
-def test_a_topic_without_push_settings_is_kept_and_named_and_the_others_are_audited(tmp_path):
-    """Two version topics dumped mid-stream, the settings file naming one: the audit succeeds, audits that one, keeps
-    every record of the other in the quarantine (UNKNOWN_PUSH_SETTINGS) and names it in the summary, in --json and
-    in the failed ingestion check. Catches one unknown topic stopping the whole snapshot (no table written, as
-    before), its records lost from the accounting, and a topic left out silently."""
+def test_a_topic_without_push_settings_is_kept_and_named_and_the_others_are_audited(spark, tmp_path):
+    """Three version topics dumped mid-stream (snapshot "two"): the settings file names one, an earlier snapshot
+    ("one", audited first) holds another's START_OF_PUSH, the third has neither. The audit succeeds, takes the second
+    topic's settings from the earlier snapshot (and continues its state), keeps every record of the third in the
+    quarantine (UNKNOWN_PUSH_SETTINGS) and names it in the summary, in --json and in the failed ingestion check.
+    Catches one unknown topic stopping the whole snapshot (no table written, as before), its records lost from the
+    accounting, a topic left out silently, and a continuing dump that needs its settings given by hand although the
+    snapshot it continues declared them."""
+    import dataclasses
     import json
 
     from replica_lens.audit import audit_document, run_audit, summary_lines
     from replica_lens.simulator import SimulationConfig, simulate
 
-    config = SimulationConfig(seed=7, regions=2, topics=2, partitions=1, keys=20, writes=400,
-                              file_format="venice-kafka", compression="gzip", mid_stream_from=60)
+    start = 40  # the offset the dumps of snapshot "two" start at
+    config = SimulationConfig(seed=7, regions=2, topics=3, partitions=1, keys=20, writes=240,
+                              file_format="venice-kafka", compression="gzip", mid_stream_from=start)
     summary = simulate(tmp_path / "landing", "two", config)
     truth = json.loads(Path(summary["ground_truth"]).read_text())["venice"]
     named = json.loads((tmp_path / "landing" / truth["push_settings_file"]).read_text())
-    kept_topic, audited_topic = sorted(named)
+    kept_topic, carried_topic, audited_topic = sorted(named)
+    # "one": the carried topic's records before offset start, START_OF_PUSH first (the whole stream simulated again).
+    whole = simulate(tmp_path / "whole", "whole", dataclasses.replace(config, mid_stream_from=None))
+    one = tmp_path / "landing" / "one"
+    one.mkdir()
+    for path in sorted(Path(whole["snapshot_dir"]).glob(f"*.{carried_topic}.*.kafka.parquet")):
+        table = pq.read_table(path)
+        pq.write_table(table.filter(pa.compute.less(table.column("offset"), start)), one / path.name)
+    (one / "_SUCCESS").write_text("")
     settings_file = tmp_path / "one-topic.json"
     settings_file.write_text(json.dumps({audited_topic: named[audited_topic]}))
-    audit = run_audit("two", str(tmp_path / "landing"), str(tmp_path / "warehouse"), spark_master="local[2]",
-                      delta_jars_dir=None, shuffle_partitions=4, cluster_regions=truth["cluster_regions"],
-                      venice_clock_uncertainty_ms=truth["clock_uncertainty_ms"], venice_push_settings=str(settings_file))
+    settings = dict(spark_master="local[2]", delta_jars_dir=None, shuffle_partitions=4,
+                    cluster_regions=truth["cluster_regions"], venice_clock_uncertainty_ms=truth["clock_uncertainty_ms"],
+                    venice_push_settings=str(settings_file))
+    assert run_audit("one", str(tmp_path / "landing"), str(tmp_path / "warehouse"), **settings).success
+    audit = run_audit("two", str(tmp_path / "landing"), str(tmp_path / "warehouse"), **settings)
     assert audit.success, audit.error
     document = audit_document(audit)
     assert list(document["topics_not_audited"]) == [kept_topic] and document["topics_not_audited"][kept_topic] > 0
+    assert document["push_settings_from"] == {audited_topic: "settings file", carried_topic: "carried from one"}
+    assert document["push_settings_disagreements"] == {}
     assert document["quarantined_by_reason"] == {"UNKNOWN_PUSH_SETTINGS": document["topics_not_audited"][kept_topic]}
     rows = document["rows"]
     assert rows["read"] == rows["accepted"] + rows["quarantined"] + rows["skipped"]
     assert "raw_topic_snapshots:every_topic_decoded" in audit.failed_checks
     assert any(f"not audited, their push settings unknown: {kept_topic}" in line for line in summary_lines(audit))
     compared = audit.metadata["divergence_reports"]["keys_compared"]
-    assert compared > 0, "the topic with settings must be audited"
+    assert compared > 0, "the topics with settings must be audited"
+    # The carried topic continued the state of "one": its keys last written before offset start are compared too.
+    carried_from = audit.metadata["divergence_reports"]["carried_from"]
+    assert {(c["topic"], c["previous_snapshot_id"]) for c in carried_from} == {(carried_topic, "one")}
+
+
+def test_push_settings_come_from_the_snapshot_then_the_file_then_earlier_snapshots_and_disagreements_are_named(
+    spark, tmp_path
+):
+    """Catches the file or an earlier snapshot overriding the snapshot's own START_OF_PUSH, a disagreement between
+    them passing unreported, and earlier snapshots that disagree among themselves taken at random."""
+    from pipelines.venice_frame import resolve_push_settings
+    from pipelines.venice_values import GZIP, NO_OP, ZSTD, PushSettings
+
+    gzip_push = PushSettings(False, GZIP)
+    rows = spec_rows("dc-a")  # START_OF_PUSH (GZIP) and data of TOPIC; data only of "t2", "t3" and "t4"
+    rows += [{**rows[1], "topic": topic, "offset": 10 + n} for n, topic in enumerate(("t2", "t3", "t4"))]
+    encoded_rows = [encode_record(row, region_clusters=REGIONS, clock_uncertainty_ms=U, push=gzip_push) for row in rows]
+    frame = spark.createDataFrame(
+        [(bytes(r.key), bytes(r.value), row["topic"], 0, row["offset"]) for row, r in zip(rows, encoded_rows)],
+        "key binary, value binary, topic string, partition int, offset long")
+    earlier = {TOPIC: {PushSettings(False, NO_OP): ["s0"]}, "t2": {PushSettings(True, ZSTD): ["s0"]},
+               "t3": {gzip_push: ["s0"], PushSettings(False, NO_OP): ["s1"]}}
+    resolved = resolve_push_settings(frame, {"t2": gzip_push}, lambda topics: {t: earlier[t] for t in topics
+                                                                              if t in earlier})
+    assert resolved.settings == {TOPIC: gzip_push, "t2": gzip_push}
+    assert resolved.sources == {TOPIC: "START_OF_PUSH", "t2": "settings file"}
+    assert set(resolved.refused) == {"t3", "t4"}
+    assert "earlier snapshots' START_OF_PUSH records declare different settings" in resolved.refused["t3"]
+    assert "no push settings file names it" in resolved.refused["t4"]
+    assert "earlier snapshots' START_OF_PUSH declared NO_OP (snapshot s0)" in resolved.disagreements[TOPIC]
+    assert resolved.disagreements["t2"].startswith("used GZIP (settings file)")
 
 
 @pytest.mark.slow
