@@ -82,16 +82,9 @@ DISTINCT_STRINGS = ("key", "value", "value_hash", "raw", "detail")
 DISTINCT_STRING_PREFIXES = ("witness_", "last_hash_")
 
 
-# Parquet's writer measures its page and row-group buffers only every 100 rows at first (then as often as the
-# rows' average size calls for): 100 rows holding values of many MiB (a Venice value up to the decoder's limit)
-# would be buffered before the first measurement, a few GiB per task. Measured from the first row on, the buffers
-# stay at about a page and a row group; tables of small rows are measured as before (their estimate is far above).
-BOUNDED_BUFFERS = {"parquet.page.size.row.check.min": "1", "parquet.block.size.row.check.min": "1"}
-
-
 def parquet_options(struct: T.StructType) -> dict[str, str]:
     """Writer options: Parquet dictionary encoding for the string columns whose values repeat, and no others."""
-    options = {"parquet.enable.dictionary": "false", **BOUNDED_BUFFERS}
+    options = {"parquet.enable.dictionary": "false"}
     for f in struct.fields:
         repeats = f.name not in DISTINCT_STRINGS and not f.name.startswith(DISTINCT_STRING_PREFIXES)
         if isinstance(f.dataType, T.StringType) and repeats:
