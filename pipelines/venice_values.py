@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import gzip
 import io
+import zlib
 from typing import NamedTuple
 
 import fastavro
@@ -153,7 +154,7 @@ def decompress(settings: PushSettings, data: bytes, limit: int = DEFAULT_MAX_VAL
         try:
             with gzip.GzipFile(fileobj=io.BytesIO(data)) as member:
                 return _bounded_read(member, limit)
-        except (OSError, EOFError, ValueError) as exc:
+        except (OSError, EOFError, ValueError, zlib.error) as exc:  # a corrupt deflate stream raises zlib.error
             if isinstance(exc, ValueTooLarge):
                 raise
             raise CorruptValue(f"not a gzip member: {exc}") from exc
