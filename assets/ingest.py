@@ -180,12 +180,14 @@ def raw_topic_snapshots(
         # disagreed (the first of them was used). The two reads of the snapshot resolve the same.
         sources = {t: src for r in resolutions for t, src in r.sources.items()}
         disagreements = {t: text for r in resolutions for t, text in r.disagreements.items()}
+        why_not = {t: text for r in resolutions for t, text in r.refused.items() if t in not_audited}
         for topic, text in sorted(disagreements.items()):
             context.log.warning(f"version topic {topic}: push settings disagree: {text}")
         tables.add_metadata(
             "raw_topic_quarantine",
             {
                 "topics_not_audited": dg.MetadataValue.json(dict(sorted(not_audited.items()))),
+                "why_not_audited": dg.MetadataValue.json(dict(sorted(why_not.items()))),
                 "push_settings_from": dg.MetadataValue.json(dict(sorted(sources.items()))),
                 "push_settings_disagreements": dg.MetadataValue.json(dict(sorted(disagreements.items()))),
                 "rows_quarantined": counts["rows_quarantined"],

@@ -174,6 +174,8 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
             + ": name them with --venice-push-settings FILE (or audit the snapshot holding their START_OF_PUSH first) "
             "and audit the snapshot again"
         )
+    for topic, text in sorted((audit.value("raw_topic_quarantine", "why_not_audited", None) or {}).items()):
+        lines.append(f"    {topic}: {text}")
     for topic, text in sorted((audit.value("raw_topic_quarantine", "push_settings_disagreements", None) or {}).items()):
         lines.append(f"  version topic {topic}: push settings disagree: {text}")
     lost = int(audit.value("raw_topic_quarantine", "quarantined_positions", 0) or 0)
@@ -448,6 +450,7 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
         "topics_not_audited": quarantine.get("topics_not_audited") or {},
         # Where each version topic's push settings came from (START_OF_PUSH, settings file, carried from snapshots),
         # and where those sources disagreed (the first one was used).
+        "why_not_audited": quarantine.get("why_not_audited") or {},
         "push_settings_from": quarantine.get("push_settings_from") or {},
         "push_settings_disagreements": quarantine.get("push_settings_disagreements") or {},
         "verdicts": {

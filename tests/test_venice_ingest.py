@@ -374,6 +374,8 @@ def test_a_topic_without_push_settings_is_kept_and_named_and_the_others_are_audi
     assert list(document["topics_not_audited"]) == [kept_topic] and document["topics_not_audited"][kept_topic] > 0
     assert document["push_settings_from"] == {audited_topic: "settings file", carried_topic: "carried from one"}
     assert document["push_settings_disagreements"] == {}
+    assert "no push settings file names it" in document["why_not_audited"][kept_topic]
+    assert any(line.strip().startswith(f"{kept_topic}: it holds data records") for line in summary_lines(audit))
     assert document["quarantined_by_reason"] == {"UNKNOWN_PUSH_SETTINGS": document["topics_not_audited"][kept_topic]}
     rows = document["rows"]
     assert rows["read"] == rows["accepted"] + rows["quarantined"] + rows["skipped"]
