@@ -35,6 +35,10 @@ class NotAudited(UsageError):
     """The warehouse holds no audit of the snapshot (or not of that topic partition)."""
 
 
+class StateNotKept(UsageError):
+    """The snapshot was compared with a carried state the warehouse no longer keeps (state retention)."""
+
+
 def key_of(key: Optional[str], key_text: Optional[str]) -> str:
     """The key as the tables hold it: ``key`` itself, or the base64 of ``key_text``'s UTF-8 bytes (raw Venice records)."""
     if (key is None) == (key_text is None):
@@ -175,6 +179,14 @@ def explain_places(
     beats = tables.heartbeats(places) if heartbeats else {}
     carried = tables.carried_from(places)
     contexts, carried_versions = tables.carried_state(carried, keys) if carried else ({}, {})
+    gone = sorted(f"{replica}/{topic}/{partition} (state of {previous})" for (topic, partition), replicas in carried.items()
+                  for replica, previous in replicas.items() if (replica, topic, partition) not in contexts)
+    if gone:
+        raise StateNotKept(
+            f"snapshot {tables.snapshot_id} was compared with carried state that the warehouse no longer keeps: "
+            f"{', '.join(gone)} (dropped by state_retention, or removed); its verdicts stand in divergence_reports, "
+            "but the versions they compared cannot be shown"
+        )
     versions = tables.versions(places, keys)
     reports = tables.reports(places, keys)
     venice = tables.is_venice() if venice is None else venice

@@ -381,3 +381,39 @@ def test_markdown_for_the_ui_keeps_a_value_holding_backticks_inside_its_code_blo
     version["value_display"] = "before ```` after"
     fence = next(line for line in key_markdown(doc).splitlines() if line.startswith("```"))
     assert len(fence) > 4 and set(fence) == {"`"}, fence
+
+
+def test_a_snapshot_whose_carried_state_is_gone_is_refused_with_a_clear_error():
+    """A snapshot compared with a predecessor's state that retention later dropped: explain says so (exit 2) instead
+    of failing to find the carried witness. Catches a StopIteration (a traceback) for such a key."""
+    from explain.reading import StateNotKept, explain_places
+
+    class Tables:  # what explain_places reads, for a snapshot s2 whose dc-b continued s1's state (now dropped)
+        snapshot_id = "s2"
+
+        def replica_partitions(self, places):
+            return {p: [{"replica": "dc-b", "gaps": 0}] for p in places}
+
+        def gap_rows(self, places):
+            return {}
+
+        def heartbeats(self, places):
+            return {}
+
+        def carried_from(self, places):
+            return {("orders", 0): {"dc-b": "s1"}}
+
+        def carried_state(self, carried, keys):
+            return {}, {}  # s1's partition of replica_state is gone
+
+        def versions(self, places, keys):
+            return {}
+
+        def reports(self, places, keys):
+            return {}
+
+        def is_venice(self):
+            return None
+
+    with pytest.raises(StateNotKept, match=r"dc-b/orders/0 \(state of s1\)"):
+        explain_places(Tables(), {("orders", 0): ["k4"]})
