@@ -52,9 +52,16 @@ def earlier_start_of_push(session, store: DeltaStore, snapshot_id: str) -> Carri
     """What the START_OF_PUSH rows of the other snapshots in ``raw_topic_snapshots`` declared, per version topic asked
     for: the settings of a dump that continues a stream (docs/incremental.md). One read of the table's
     START_OF_PUSH rows of those topics (the filters reach the Parquet scan), made only when a snapshot holds raw
-    Venice records."""
+    Venice records, once per snapshot (its lines and its skipped positions ask for the same topics)."""
+    found: dict[tuple[str, ...], dict] = {}
 
     def carried(topics: Sequence[str]) -> dict:
+        asked = tuple(sorted(topics))
+        if asked not in found:
+            found[asked] = read(asked)
+        return found[asked]
+
+    def read(topics: tuple[str, ...]) -> dict:
         if not store.exists("raw_topic_snapshots"):
             return {}
         declared = F.col("extra_fields").getItem(DECLARED_FIELD)

@@ -25,7 +25,8 @@ Vector = dict[str, int]
 _FROM_GAP_ROWS = object()  # the carried version's reach row is S's first gap row: the document finds it
 
 
-def _vector(value: Any) -> Optional[Vector]:
+def as_vector(value: Any) -> Optional[Vector]:
+    """A map column as read (a dict, or Arrow's list of pairs) -> dict; None stays None."""
     if value is None:
         return None
     items = value.items() if isinstance(value, dict) else value
@@ -79,15 +80,15 @@ def continue_stream(
     ``explain.document`` reads; the carried one has ``carried_from`` set and, where its reach
     rests on a row of an earlier dump, ``reach_row`` None and ``gap_after`` decided here.
     """
-    prior_end = _vector(context["end_lower_bound"]) or {}
+    prior_end = as_vector(context["end_lower_bound"]) or {}
     prior_last = context["last_offset"]
     prior_gaps = context.get("gap_positions") or 0
-    prior_first_gap = _vector(context.get("first_gap_lower_bound"))
-    own_first_gap = _vector(dump.get("first_gap_lower_bound"))
+    prior_first_gap = as_vector(context.get("first_gap_lower_bound"))
+    own_first_gap = as_vector(dump.get("first_gap_lower_bound"))
     start_gap = max(dump["first_offset"] - prior_last - 1, 0)
-    pre_history = _vector(context.get("pre_history_bound"))
+    pre_history = as_vector(context.get("pre_history_bound"))
     if pre_history is None:  # a stream whose P is unknown takes S's first heartbeat vector
-        pre_history = _vector(dump.get("pre_history_bound"))
+        pre_history = as_vector(dump.get("pre_history_bound"))
     missing_before_snapshot = prior_gaps + start_gap
     if prior_first_gap is not None:  # in an earlier dump: its row is not in S
         first_gap, earlier, gap_row = prior_first_gap, True, None
@@ -100,12 +101,12 @@ def continue_stream(
     stream = Stream(
         previous_snapshot_id=context["snapshot_id"], previous_last_offset=prior_last, start_gap=start_gap,
         starts_with_sop=bool(context["starts_with_sop"]), pre_history_bound=pre_history,
-        end_lower_bound=vmax(prior_end, _vector(dump["end_lower_bound"])),
+        end_lower_bound=vmax(prior_end, as_vector(dump["end_lower_bound"])),
         earlier_gap_positions=missing_before_snapshot, first_gap_lower_bound=first_gap, first_gap_earlier=earlier,
         first_gap_row=gap_row,
     )
 
-    prior_touch = _vector(carried["key_touch"]) if carried is not None else None
+    prior_touch = as_vector(carried["key_touch"]) if carried is not None else None
     own = sorted((r for r in rows if r["offset"] > prior_last), key=lambda r: r["offset"])
     out: list[dict] = []
     touched: Vector = {}
@@ -114,19 +115,19 @@ def continue_stream(
             touched = vmax(touched, {row["source_region"]: row["source_offset"]})
         missing = row["missing_before"] + missing_before_snapshot
         if missing > 0:  # after a gap: the floor S's own watermarks gave it, and the carried touch
-            own_touch = _vector(row["touch_bound"])
+            own_touch = as_vector(row["touch_bound"])
             touch = None if own_touch is None else vmax(own_touch, prior_touch)
         else:
             touch = None if pre_history is None else vmax(pre_history, prior_touch, touched)
-        out.append({**row, "applied_lower_bound": vmax(prior_end, _vector(row["applied_lower_bound"])),
-                    "touch_bound": touch, "reach": vmax(prior_end, _vector(row["reach"])), "missing_before": missing})
+        out.append({**row, "applied_lower_bound": vmax(prior_end, as_vector(row["applied_lower_bound"])),
+                    "touch_bound": touch, "reach": vmax(prior_end, as_vector(row["reach"])), "missing_before": missing})
     if carried is None:
         return stream, out
 
     carried_missing = carried.get("missing_before") or 0
     first_own = out[0] if out else None
     if prior_gaps > carried_missing:  # a gap after it in an earlier dump stopped its reach there
-        reach, reach_row, cut = _vector(carried["reach"]), None, True
+        reach, reach_row, cut = as_vector(carried["reach"]), None, True
     elif start_gap > 0:  # the gap between the state and S
         reach, reach_row, cut = prior_end, dump["first_offset"], True
     elif first_own is not None and first_own["missing_before"] == missing_before_snapshot:
@@ -136,14 +137,14 @@ def continue_stream(
     else:
         reach, reach_row, cut = stream.end_lower_bound, None, False
     if carried_missing > 0:
-        touch = _vector(carried["touch_bound"])
+        touch = as_vector(carried["touch_bound"])
     else:
         touch = None if pre_history is None else vmax(pre_history, prior_touch)
     version = {
         "offset": carried["offset"], "key": carried["key"], "kind": carried["kind"], "value": carried["value"],
         "value_hash": carried["value_hash"], "source_region": carried["source_region"],
         "source_offset": carried["source_offset"], "write_ts": carried.get("write_ts"),
-        "applied_lower_bound": _vector(carried["first_lower_bound"]), "touch_bound": touch, "reach": reach,
+        "applied_lower_bound": as_vector(carried["first_lower_bound"]), "touch_bound": touch, "reach": reach,
         "missing_before": 0, "carried_from": context["snapshot_id"],
         "origin_snapshot_id": carried.get("origin_snapshot_id"), "gap_after": cut, "gap_before": carried_missing > 0,
     }

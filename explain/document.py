@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Iterable, Optional
 
-from explain.carried import Stream
+from explain.carried import Stream, as_vector
 
 Vector = dict[str, int]
 
@@ -51,14 +51,6 @@ class ReplicaInput:
     # When this dump continues an earlier snapshot's state (docs/incremental.md): the stream's facts, and ``rows``
     # are the key's rows as the comparison used them (``explain/carried.py``). None: a fresh stream.
     stream: Optional[Stream] = None
-
-
-def as_vector(value: Any) -> Optional[Vector]:
-    """A map column as read (a dict, or Arrow's list of pairs) -> dict; None stays None."""
-    if value is None:
-        return None
-    items = value.items() if isinstance(value, dict) else value
-    return {str(k): int(v) for k, v in items}
 
 
 def leq(u: Vector, v: Vector) -> bool:
