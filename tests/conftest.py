@@ -81,5 +81,31 @@ def spark():
         os.environ[SUBMIT_OPTS] = children
     arguments = session._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()  # noqa: SLF001
     assert CHILD_JVM_OPTIONS not in list(arguments), f"the suite's own JVM lost its optimizing compiler: {arguments}"
+    interpret_by_default(session)
     yield session
     session.stop()
+
+
+# Every snapshot the suite's own JVM handles is small, and most tests call the pipelines directly (no step, so no
+# ``sized_for`` choosing interpreted evaluation for them as an audit does): compiling each of their queries' code
+# costs more than it saves (about a tenth of test_incremental.py's time). The session interprets by default, as an
+# operator's ``spark_config`` naming the keys would make it (steps then report "as configured"); the tests whose
+# point is the choice itself, and the audit compiled on purpose, take the fixture ``compiled_by_default``.
+def interpret_by_default(session) -> None:
+    from resources.session import INTERPRETED
+
+    for key, value in INTERPRETED.items():
+        session.conf.set(key, value)
+
+
+@pytest.fixture()
+def compiled_by_default(spark):
+    """The session as an audit process starts it: neither evaluation key set, so each step chooses for itself."""
+    from resources.session import INTERPRETED
+
+    for key in INTERPRETED:
+        spark.conf.unset(key)
+    try:
+        yield spark
+    finally:
+        interpret_by_default(spark)

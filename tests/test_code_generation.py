@@ -20,6 +20,8 @@ from resources.session import INTERPRETED, code_generation
 from schemas.registry import struct_for
 
 KEYS = tuple(INTERPRETED)
+# The suite's session interprets by default (tests/conftest.py): here the choice itself is tested.
+pytestmark = pytest.mark.usefixtures("compiled_by_default")
 
 
 def _settings(spark) -> dict:

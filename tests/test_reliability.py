@@ -348,6 +348,7 @@ def test_writes_of_different_snapshots_at_once_both_succeed(spark, tmp_path, loc
 # --- the whole command, killed and raced ------------------------------------------------
 
 CLI_SNAPSHOT = "sim-kill"
+DIVERGENCE_TABLES = ("divergence_reports", "divergence_summary", "replica_state")
 CLI_SETTINGS = ("--spark-master", "local[2]", "--shuffle-partitions", "4")
 
 
@@ -355,7 +356,7 @@ def _cli_landing(tmp_path: Path) -> Path:
     from replica_lens.simulator import SimulationConfig, simulate
 
     landing = tmp_path / "landing"
-    config = SimulationConfig(seed=21, regions=3, partitions=2, keys=1500, writes=5000, lost_writes=3, corrupted_values=3)
+    config = SimulationConfig(seed=21, regions=3, partitions=2, keys=400, writes=1200, lost_writes=3, corrupted_values=3)
     simulate(str(landing), CLI_SNAPSHOT, config)
     return landing
 
@@ -418,17 +419,21 @@ def test_an_audit_process_killed_in_its_divergence_step_and_run_again_writes_eve
 ):
     # Catches: a table left unreadable by a killed run, a re-run that appends a second copy
     # of rows the killed run had committed, or staged files of the killed run showing up.
-    # The kill comes after ingestion, segments and watermarks were committed, so the re-run
-    # meets committed tables of its own snapshot. Kills inside one table's write (while Spark
-    # writes Parquet, between Spark's job commit and the Delta commit) are the writer tests
-    # above: every step writes through that same ``DeltaStore.write_snapshot``.
+    # The kill comes once the divergence step stages its first table: ingestion, segments and
+    # watermarks were committed, so the re-run meets committed tables of its own snapshot. Kills
+    # inside one table's write (while Spark writes Parquet, between Spark's job commit and the
+    # Delta commit) are the writer tests above: every step writes through that same
+    # ``DeltaStore.write_snapshot``.
     landing, reference = cli_reference
     warehouse = tmp_path / "warehouse"
     log = tmp_path / "audit.log"
     proc = _start_audit(landing, warehouse, log)
-    wait_for(lambda: _committed(warehouse, "reconstructed_watermarks"), proc, log, "the watermarks' commit")
-    time.sleep(3)  # inside the comparison (it takes far longer on this snapshot)
+    wait_for(
+        lambda: any(_new_write_folders(warehouse / table, set()) for table in DIVERGENCE_TABLES),
+        proc, log, "the divergence step staging a table",
+    )
     kill_group(proc)
+    assert _committed(warehouse, "reconstructed_watermarks"), "the kill came before the watermarks were committed"
     # The kill came inside the divergence step: its table was never committed.
     assert not _committed(warehouse, "divergence_reports"), "divergence_reports was committed before the kill"
 
