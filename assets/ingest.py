@@ -103,7 +103,7 @@ def raw_topic_snapshots(
                                 parse_push_settings(landing.push_settings_file()), Limits.checked(**landing.limit_settings()),
                                 carried_push_settings=earlier_start_of_push(session, store, snapshot_id),
                                 on_resolved=resolutions.append)
-        lines = read_snapshot_lines(session, folder, venice)
+        lines = read_snapshot_lines(session, folder, venice, landing.line_limit())
         judgement = judge_rows(lines, snapshot_id)
 
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)

@@ -244,7 +244,8 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
     ]
     decoded_detail = F.create_map(*[F.lit(x) for kv in REASON_DETAIL.items() for x in kv])[F.col("decoded_reason")]
     detail = (
-        F.when(decoded, F.coalesce(decoded_detail, F.col("decoded_reason")))
+        # A reader's own detail of the row first (where a LINE_TOO_LONG line stood), else the reason's text.
+        F.when(decoded, F.coalesce(F.col("read_error"), decoded_detail, F.col("decoded_reason")))
         .when(unreadable, F.col("read_error"))
         .when(malformed, F.lit("not a single JSON object (invalid JSON, another JSON value, or several on one line)"))
         .otherwise(F.concat_ws("; ", *found))

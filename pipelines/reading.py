@@ -29,6 +29,11 @@ control records, for ``raw_topic_skipped``. An upstream cluster id missing from 
   accepted or quarantined, MALFORMED_JSON at worst. Spark's text reader (``*.jsonl``) and
   the gzip reader (``pipelines/gzip_lines.py``, ``*.jsonl.gz``) apply this same rule, and
   both keep a line's bytes as they are (invalid UTF-8 included).
+- A line longer than the line limit (``max_line_bytes``: its bytes before the LF, default
+  64 MiB) is never held whole by any reader: it is one LINE_TOO_LONG row keeping its first
+  kilobyte and where it stood (``pipelines/long_lines.py``). Plain files larger than the limit
+  are probed for such lines first (``holding_long_lines``, LFs only); a file holding one is
+  split on the executors like a gzip file, the others by Spark's reader.
 - A gzip file that breaks part-way (truncated, corrupt, trailing garbage) keeps its
   complete lines before the break; one UNREADABLE_FILE row (raw null) stands for the rest,
   whose lines cannot be counted. A Parquet file Spark or pyarrow cannot open is one
@@ -65,7 +70,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.gzip_lines import BLANK, gzip_file_batches
+from pipelines.gzip_lines import BLANK, gzip_file_batches, plain_file_batches
+from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES, has_long_line
 from pipelines.venice_frame import (
     cluster_ids_in,
     CarriedSettings,
@@ -201,34 +207,81 @@ def _source_file_name(frame: DataFrame) -> Column:
     return F.url_decode(F.replace(encoded, F.lit("+"), F.lit("%2B")))
 
 
-def _gzip_lines(spark: SparkSession, folder: str, files: list[SnapshotFile]) -> DataFrame:
-    """The rows of gzip files, decompressed and checked on the executors: one task per file.
+def _file_tasks(
+    spark: SparkSession, folder: str, files: list[SnapshotFile], batches: Callable, schema: T.StructType
+) -> DataFrame:
+    """``batches(fs, path, name)`` of each file, one task per file, in Spark's Python workers.
 
     The driver only hands out names and paths (and the pyarrow filesystem that reaches them,
-    which pickles); each task streams its file through ``pipelines.gzip_lines``, shipped by
-    value. A broken file yields its complete lines and one row for the rest, where Spark's
-    own gzip reader would fail the whole job.
+    which pickles); each task reads its file through the executor-side module that
+    ``batches`` comes from, shipped by value.
     """
     location = Location.of(folder)
     fs = location.fs
     tasks = [(location.child(f.name).path, f.name) for f in files]
 
-    def read(batches):
-        for batch in batches:
+    def read(ids):
+        for batch in ids:
             for task in batch.column("id").to_pylist():
-                yield from gzip_file_batches(fs, *tasks[task])
+                yield from batches(fs, *tasks[task])
 
-    schema = T.StructType(
-        [
-            T.StructField("source_file", T.StringType(), nullable=False),
-            T.StructField("raw", T.BinaryType()),
-            T.StructField("read_error", T.StringType()),
-        ]
-    )
     # range gives each task exactly one id (no shuffle, nothing for adaptive execution to merge).
     rows = spark.range(0, len(tasks), 1, numPartitions=len(tasks)).mapInArrow(read, schema)
     # Binary to string keeps the bytes, invalid UTF-8 included, as Spark's text reader does.
-    return rows.select("source_file", F.col("raw").cast(T.StringType()).alias("raw"), "read_error")
+    return rows.select("source_file", F.col("raw").cast(T.StringType()).alias("raw"), "read_error", "decoded_reason")
+
+
+# What the executor-side readers yield (pipelines/gzip_lines.py, pipelines/long_lines.py).
+_READ_ROWS = T.StructType(
+    [
+        T.StructField("source_file", T.StringType(), nullable=False),
+        T.StructField("raw", T.BinaryType()),
+        T.StructField("read_error", T.StringType()),
+        T.StructField("decoded_reason", T.StringType()),
+    ]
+)
+
+
+def _gzip_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], max_line_bytes: int) -> DataFrame:
+    """The rows of gzip files, decompressed and checked on the executors: one task per file.
+
+    Each task streams its file through ``pipelines.gzip_lines``. A broken file yields its
+    complete lines and one row for the rest, where Spark's own gzip reader would fail the
+    whole job; a line over the limit yields its LINE_TOO_LONG row.
+    """
+    return _file_tasks(
+        spark, folder, files, lambda fs, path, name: gzip_file_batches(fs, path, name, max_line_bytes), _READ_ROWS
+    )
+
+
+def _plain_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], max_line_bytes: int) -> DataFrame:
+    """The rows of plain JSONL files holding a line over the limit, split on the executors as gzip files are."""
+    return _file_tasks(
+        spark, folder, files, lambda fs, path, name: plain_file_batches(fs, path, name, max_line_bytes), _READ_ROWS
+    )
+
+
+def holding_long_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], max_line_bytes: int) -> set[str]:
+    """The names of the plain JSONL ``files`` holding a line over the limit (``pipelines/long_lines.py``).
+
+    Only a file larger than the limit can hold one, so only those are looked at: one Spark job,
+    a task per file, each reading its file a chunk at a time (LFs only) up to its first long line.
+    """
+    larger = [f for f in files if f.size > max_line_bytes]
+    if not larger:
+        return set()
+    location = Location.of(folder)
+    fs = location.fs
+    tasks = [(location.child(f.name).path, f.name) for f in larger]
+
+    def probe(ids):
+        for batch in ids:
+            found = [tasks[task][1] for task in batch.column("id").to_pylist()
+                     if has_long_line(fs, tasks[task][0], max_line_bytes)]
+            yield pa.RecordBatch.from_arrays([pa.array(found, pa.string())], names=["name"])
+
+    probed = spark.range(0, len(tasks), 1, numPartitions=len(tasks)).mapInArrow(probe, "name string")
+    return {row["name"] for row in probed.collect()}
 
 
 def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
@@ -356,7 +409,10 @@ def venice_cluster_ids(spark: SparkSession, folder: str) -> list[int]:
     return cluster_ids_in(spark.read.parquet(*paths)) if paths else []
 
 
-def read_snapshot_lines(spark: SparkSession, folder: str, venice: VeniceSettings | None = None) -> DataFrame:
+def read_snapshot_lines(
+    spark: SparkSession, folder: str, venice: VeniceSettings | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> DataFrame:
     """Every message of the snapshot folder as text: ``(source_file, raw, read_error, decoded_reason)``.
 
     ``decoded_reason`` is null but for raw Venice records the decoder skipped or quarantined
@@ -370,11 +426,15 @@ def read_snapshot_lines(spark: SparkSession, folder: str, venice: VeniceSettings
     files = list_snapshot_files(folder).data_files
     frames: list[DataFrame] = []
     text_files = [f for f in files if f.format == "jsonl"]
-    if text_files:
-        frames.append(_text_lines(spark, text_files))
+    # A file holding a line over the limit is split on the executors, never by Spark's reader (which holds a line whole).
+    long = holding_long_lines(spark, folder, text_files, max_line_bytes)
+    if len(long) < len(text_files):
+        frames.append(_text_lines(spark, [f for f in text_files if f.name not in long]))
+    if long:
+        frames.append(_plain_lines(spark, folder, [f for f in text_files if f.name in long], max_line_bytes))
     gzip_files = [f for f in files if f.format == "jsonl.gz" and f.size > 0]
     if gzip_files:
-        frames.append(_gzip_lines(spark, folder, gzip_files))
+        frames.append(_gzip_lines(spark, folder, gzip_files, max_line_bytes))
     frames.extend(_parquet_rows(spark, [f for f in files if f.format == "parquet"], venice or VeniceSettings()))
     if not frames:
         frames.append(_local_lines(spark, []))

@@ -505,6 +505,7 @@ def audit_snapshots(
     zone.cluster_region_map()  # a malformed map (or uncertainty, or push settings file) is refused before any run
     zone.clock_uncertainty_ms()
     zone.limit_settings()
+    zone.line_limit()
     parse_push_settings(zone.push_settings_file())
     skipped: list[dict[str, str]] = []
     if snapshot_id is not None:

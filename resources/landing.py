@@ -16,6 +16,7 @@ import dagster as dg
 import pyarrow.fs as pafs
 from pydantic import Field
 
+from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES, MAX_MAX_LINE_BYTES, MIN_MAX_LINE_BYTES
 from resources.errors import InvalidSetting, SnapshotNotReady
 from resources.filesystem import Location
 from resources.settings import whole_number
@@ -26,6 +27,7 @@ CLOCK_UNCERTAINTY_ENV = "REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS"
 PUSH_SETTINGS_ENV = "REPLICA_LENS_VENICE_PUSH_SETTINGS"
 MAX_VALUE_BYTES_ENV = "REPLICA_LENS_MAX_VALUE_BYTES"
 MAX_CHUNKS_ENV = "REPLICA_LENS_MAX_CHUNKS"
+MAX_LINE_BYTES_ENV = "REPLICA_LENS_MAX_LINE_BYTES"
 
 
 def parse_cluster_regions(text: Optional[str]) -> dict[int, str]:
@@ -107,6 +109,24 @@ class LandingZone(dg.ConfigurableResource):
         description="Raw Venice records: the most chunks one manifest may name; more is quarantined VALUE_TOO_LARGE "
         f"(unset: {MAX_CHUNKS_ENV}, else 10000; docs/venice-input.md).",
     )
+
+    max_line_bytes: Optional[int] = Field(
+        default=None,
+        ge=MIN_MAX_LINE_BYTES,
+        le=MAX_MAX_LINE_BYTES,
+        description="JSONL files: the longest line, in bytes before its LF; a longer one is never held whole and is "
+        f"quarantined LINE_TOO_LONG with its first kilobyte (unset: {MAX_LINE_BYTES_ENV}, else 64 MiB; "
+        "docs/operations.md).",
+    )
+
+    def line_limit(self) -> int:
+        """The longest JSONL line read whole (this resource's setting, else the environment, else 64 MiB)."""
+        if self.max_line_bytes is not None:
+            return self.max_line_bytes
+        value = whole_number(os.environ.get(MAX_LINE_BYTES_ENV), MAX_LINE_BYTES_ENV, minimum=MIN_MAX_LINE_BYTES)
+        if value is not None and value > MAX_MAX_LINE_BYTES:
+            raise InvalidSetting(f"{MAX_LINE_BYTES_ENV} is at most {MAX_MAX_LINE_BYTES} bytes (a Spark string), got {value}")
+        return DEFAULT_MAX_LINE_BYTES if value is None else value
 
     def limit_settings(self) -> dict[str, int]:
         """The decoder's limits that are set (this resource's fields, else the environment), by the names of

@@ -66,6 +66,8 @@ FORBIDDEN_BY_KIND: dict[str, tuple[str, ...]] = {
 # of these that applies and ``detail`` lists every problem found.
 QUARANTINE_REASONS = (
     "UNREADABLE_FILE",
+    # A JSONL line longer than the line limit (pipelines/long_lines.py): raw keeps its first bytes only.
+    "LINE_TOO_LONG",
     "MALFORMED_JSON",
     "MISSING_FIELD",
     "BAD_TYPE",

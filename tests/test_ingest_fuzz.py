@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from pipelines.ingest import accounting_from_tables, judge_rows, read_snapshot_lines, validate_rows
+from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES, LINE_TOO_LONG, PREFIX_BYTES
 from schemas.raw import KINDS, MESSAGE_FIELDS, NON_NEGATIVE, QUARANTINE_REASONS, RawTopicQuarantine, RawTopicSnapshots
 from schemas.validation import validation_errors
 from tests.examples import examples
@@ -153,19 +154,26 @@ def mutated_items(draw) -> list[Item]:
 # --- writing the files, and counting their rows from the bytes written ------------------
 
 
-def jsonl_rows(data: bytes) -> int:
-    """The rows of a JSONL file's bytes: its non-blank LF-terminated lines (the last may lack the LF)."""
+def is_row(line: bytes, limit: int) -> bool:
+    """Whether a line (its bytes before the LF) is a row: not blank, or over the line limit (a LINE_TOO_LONG row)."""
+    return line.strip(ASCII_WHITESPACE) != b"" or len(line) > limit
+
+
+def jsonl_rows(data: bytes, limit: int = DEFAULT_MAX_LINE_BYTES) -> tuple[int, int]:
+    """The rows of a JSONL file's bytes: its non-blank LF-terminated lines (the last may lack the LF), and how many
+    of them are over the line limit."""
     lines = data.removeprefix(UTF8_BOM).split(b"\n")
     if lines[-1] == b"":
         lines.pop()  # a final LF ends the last line; it does not open one
-    return sum(line.strip(ASCII_WHITESPACE) != b"" for line in lines)
+    return sum(is_row(line, limit) for line in lines), sum(len(line) > limit for line in lines)
 
 
-def broken_gzip_rows(cut: bytes) -> int:
-    """The rows of a gzip file cut short: its complete non-blank lines, plus one for the lost rest."""
+def broken_gzip_rows(cut: bytes, limit: int = DEFAULT_MAX_LINE_BYTES) -> tuple[int, int]:
+    """The rows of a gzip file cut short: its complete non-blank lines, plus one for the lost rest; and how many of
+    the complete ones are over the line limit."""
     readable = zlib.decompressobj(31).decompress(cut)
     complete = readable.removeprefix(UTF8_BOM).split(b"\n")[:-1]
-    return sum(line.strip(ASCII_WHITESPACE) != b"" for line in complete) + 1
+    return sum(is_row(line, limit) for line in complete) + 1, sum(len(line) > limit for line in complete)
 
 
 def jsonl_bytes(items: list[Item], layout: dict) -> bytes:
@@ -221,14 +229,17 @@ def snapshots(draw) -> dict:
             "parquet": draw(st.sampled_from(PARQUET_VARIANTS)),
             "cut": draw(st.floats(min_value=0.05, max_value=0.95)),
         }
-    # Small splits make Spark's LF-delimited reader find lines across split boundaries.
-    return {"files": files, "split_bytes": draw(st.sampled_from([None, None, 997, 8192]))}
+    # Small splits make Spark's LF-delimited reader find lines across split boundaries. A small line limit makes
+    # some lines too long (a JSON row is 60-200 bytes), on every reader's path, across splits too.
+    return {"files": files, "split_bytes": draw(st.sampled_from([None, None, 997, 8192])),
+            "line_limit": draw(st.sampled_from([DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_LINE_BYTES, 64, 150]))}
 
 
-def write_snapshot(folder: Path, files: dict) -> dict[str, int]:
-    """Write the files and ``_SUCCESS``; return how many rows each holds."""
+def write_snapshot(folder: Path, files: dict, limit: int = DEFAULT_MAX_LINE_BYTES) -> tuple[dict[str, int], dict[str, int]]:
+    """Write the files and ``_SUCCESS``; return how many rows each holds, and how many lines over ``limit``."""
     folder.mkdir(parents=True)
     rows: dict[str, int] = {}
+    long: dict[str, int] = {}
     for name, spec in files.items():
         items, layout, path = spec["items"], spec["layout"], folder / name
         if name.endswith("garbage.parquet"):
@@ -243,22 +254,32 @@ def write_snapshot(folder: Path, files: dict) -> dict[str, int]:
                 whole = gzip.compress(data)
                 cut = whole[: max(1, min(len(whole) - 1, int(len(whole) * layout["cut"])))]
                 path.write_bytes(cut)
-                rows[name] = broken_gzip_rows(cut)
+                rows[name], long[name] = broken_gzip_rows(cut, limit)
             elif name.endswith(".gz"):
                 path.write_bytes(gzip.compress(data))
-                rows[name] = jsonl_rows(data)
+                rows[name], long[name] = jsonl_rows(data, limit)
             else:
                 path.write_bytes(data)
-                rows[name] = jsonl_rows(data)
+                rows[name], long[name] = jsonl_rows(data, limit)
     (folder / "_SUCCESS").write_bytes(b"")
-    return rows
+    return rows, long
 
 
-def check_accounting(spark, folder: Path, expected: dict[str, int]) -> None:
-    lines = read_snapshot_lines(spark, str(folder))
+def check_accounting(
+    spark, folder: Path, expected: dict[str, int], long: dict[str, int] | None = None,
+    limit: int = DEFAULT_MAX_LINE_BYTES,
+) -> None:
+    lines = read_snapshot_lines(spark, str(folder), max_line_bytes=limit)
     read = lines.groupBy("source_file").agg(F.count(F.lit(1)).alias("n")).collect()
     per_file = {r["source_file"]: r["n"] for r in read}
     assert per_file == {name: n for name, n in expected.items() if n}, "rows read per file"
+    # Each line over the limit is one row, never whole: its reason, where it stood and its first bytes only.
+    too_long = lines.where(F.col("decoded_reason") == LINE_TOO_LONG).select(
+        "source_file", F.octet_length("raw").alias("kept"), "read_error"
+    ).collect()
+    found = {name: sum(r["source_file"] == name for r in too_long) for name in expected}
+    assert found == {name: (long or {}).get(name, 0) for name in expected}, "lines over the limit per file"
+    assert all(r["kept"] <= PREFIX_BYTES and "over the limit" in r["read_error"] for r in too_long)
 
     # As the asset does: the accepted rows first, then the quarantine their pass's observations call for, which judges
     # only the lines in the buckets of quarantined lines; it must hold the rows that judging every line quarantines.
@@ -271,6 +292,7 @@ def check_accounting(spark, folder: Path, expected: dict[str, int]) -> None:
         quarantined_rows = quarantined.collect()
         every_line = sorted(repr(tuple(r)) for r in judgement.quarantined.collect())
         assert sorted(repr(tuple(r)) for r in quarantined_rows) == every_line, "not what judging every line quarantines"
+        assert sum(r["reason"] == LINE_TOO_LONG for r in quarantined_rows) == sum((long or {}).values())
         copies = sum(r["copies"] for r in accepted_rows)
         total = sum(expected.values())
         assert copies + len(quarantined_rows) == total, (
@@ -303,11 +325,12 @@ def ingest_written(spark, snapshot: dict) -> None:
     previous = spark.conf.get(MAX_PARTITION_BYTES)
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / SNAPSHOT
-        expected = write_snapshot(folder, snapshot["files"])
+        limit = snapshot.get("line_limit", DEFAULT_MAX_LINE_BYTES)
+        expected, long = write_snapshot(folder, snapshot["files"], limit)
         try:
             if snapshot["split_bytes"]:
                 spark.conf.set(MAX_PARTITION_BYTES, str(snapshot["split_bytes"]))
-            check_accounting(spark, folder, expected)
+            check_accounting(spark, folder, expected, long, limit)
         finally:
             spark.conf.set(MAX_PARTITION_BYTES, previous)
 

@@ -11,11 +11,14 @@ from pipelines.ingest import accounting_from_tables, judge_rows
 from pipelines.segments import annotate_segments
 from replica_lens.audit import run_audit
 from resources.delta_store import DeltaStore
+from resources.landing import MAX_LINE_BYTES_ENV
 from schemas.registry import struct_for
 from tests.rows import raw_frame
 from tests.test_venice_ingest import NS, PRODUCER_KEY, TOPIC, U, control, encoded, envelope, spec_rows, write_snapshot
 
 SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
+LINE_LIMIT = 2048
+LONG = 3000  # a value that makes its line longer than LINE_LIMIT
 POSITION = ("replica", "topic", "partition", "offset")
 
 
@@ -29,7 +32,8 @@ def _mixed_snapshot(folder) -> None:
     dc-a: 0 START_OF_PUSH, 1 START_OF_SEGMENT of a producer (skipped), 2-4 data, 5 END_OF_SEGMENT (skipped),
     6 heartbeat: every position read, no gap. dc-b: 0 START_OF_PUSH, 1-3 data, 4 END_OF_PUSH (skipped),
     5 UPDATE (quarantined by the decoder), 6 heartbeat: one gap, position 5. dc-c: 0 START_OF_PUSH, 1 PUT,
-    2 a PUT without value (quarantined), 3 PUT: one gap, position 2.
+    2 a PUT without value (quarantined), 3 a PUT on a line over the line limit (LINE_TOO_LONG: its position is
+    unknown), 4 PUT: one gap of two positions, from 2.
     """
     segment_start = control(2, "StartOfSegment", {"checksumType": 0, "upcomingAggregates": []})
     segment_end = control(3, "EndOfSegment", {"checksumValue": b"", "computedAggregates": [], "finalSegment": False})
@@ -47,7 +51,8 @@ def _mixed_snapshot(folder) -> None:
         {**base, "offset": 0, "kind": "START_OF_PUSH"},
         {**base, **data, "offset": 1, "value": "1", "source_offset": 1},
         {**base, **data, "offset": 2, "source_offset": 2},  # no value: MISSING_FIELD, at a known position
-        {**base, **data, "offset": 3, "value": "3", "source_offset": 3},
+        {**base, **data, "offset": 3, "value": "3" * LONG, "source_offset": 3},  # LINE_TOO_LONG
+        {**base, **data, "offset": 4, "value": "4", "source_offset": 4},
     ]
     (folder / "dc-c.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
 
@@ -57,8 +62,11 @@ def audited(tmp_path_factory):
     landing = tmp_path_factory.mktemp("landing")
     warehouse = tmp_path_factory.mktemp("warehouse")
     _mixed_snapshot(landing / "mixed")
-    audit = run_audit("mixed", str(landing), str(warehouse), cluster_regions="0=dc-a,1=dc-b",
-                      venice_clock_uncertainty_ms=U, **SETTINGS)
+    with pytest.MonkeyPatch.context() as patch:
+        # The line limit as an operator sets it (the audit's landing resource reads it from the environment).
+        patch.setenv(MAX_LINE_BYTES_ENV, str(LINE_LIMIT))
+        audit = run_audit("mixed", str(landing), str(warehouse), cluster_regions="0=dc-a,1=dc-b",
+                          venice_clock_uncertainty_ms=U, **SETTINGS)
     assert audit.success, audit.error
     return audit, DeltaStore(warehouse_root=str(warehouse))
 
@@ -82,7 +90,7 @@ def test_skipped_control_messages_are_read_positions_not_gaps(spark, audited):
     ]
     gaps = {r["replica"]: (r["gaps"], r["gap_positions"], r["first_gap_offset"])
             for r in _table(spark, store, "partition_watermarks")}
-    assert gaps == {"dc-a": (0, 0, None), "dc-b": (1, 1, 5), "dc-c": (1, 1, 2)}
+    assert gaps == {"dc-a": (0, 0, None), "dc-b": (1, 1, 5), "dc-c": (1, 2, 2)}
     summary = {}
     for r in _table(spark, store, "heartbeat_segment_summary"):
         summary[r["replica"]] = summary.get(r["replica"], 0) + r["gaps"]
@@ -91,23 +99,28 @@ def test_skipped_control_messages_are_read_positions_not_gaps(spark, audited):
     assert gap_before == {
         **{("dc-a", o): 0 for o in (0, 2, 3, 4, 6)},
         **{("dc-b", o): 0 for o in (0, 1, 2, 3)}, ("dc-b", 6): 1,  # 4 was read (skipped), 5 quarantined
-        ("dc-c", 0): 0, ("dc-c", 1): 0, ("dc-c", 3): 1,  # the quarantined JSONL row at 2
+        ("dc-c", 0): 0, ("dc-c", 1): 0, ("dc-c", 4): 2,  # the quarantined JSONL row at 2, the long line at 3
     }
 
 
 def test_the_quarantine_names_the_positions_it_loses_and_the_accounting_stays_exact(spark, audited):
     # Catches: the quarantine's topic/partition/offset left null (or the replica's only) for a JSONL row that
     # has them or for a record the decoder quarantined (its Kafka position), quarantined_positions missing
+    # (or counting a LINE_TOO_LONG row, whose position is unknown), the line limit setting not reaching the audit,
     # from the metadata, and skipped rows counted apart from the table that keeps them.
     audit, store = audited
     quarantine = _table(spark, store, "raw_topic_quarantine")
     assert sorted((r["reason"], *(r[c] for c in POSITION)) for r in quarantine) == [
+        ("LINE_TOO_LONG", None, None, None, None),  # never parsed: its position is unknown, a gap all the same
         ("MISSING_FIELD", "dc-c", TOPIC, 0, 2),
         ("UPDATE_NOT_APPLIED", "dc-b", TOPIC, 0, 5),
     ]
+    (long,) = [r for r in quarantine if r["reason"] == "LINE_TOO_LONG"]
+    assert long["source_file"] == "dc-c.jsonl" and len(long["raw"]) == 1024 and long["raw"].startswith('{"replica": "dc-c"')
+    assert "line 4 (byte " in long["detail"] and f"over the limit of {LINE_LIMIT}" in long["detail"]
     assert audit.value("raw_topic_quarantine", "quarantined_positions") == 2
     raw = audit.metadata["raw_topic_snapshots"]
-    assert (raw["rows_read"], raw["rows_accepted"], raw["rows_quarantined"], raw["rows_skipped"]) == (18, 13, 2, 3)
+    assert (raw["rows_read"], raw["rows_accepted"], raw["rows_quarantined"], raw["rows_skipped"]) == (19, 13, 3, 3)
     assert audit.value("raw_topic_skipped", "dagster/row_count") == raw["rows_skipped"]
 
 
