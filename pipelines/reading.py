@@ -207,9 +207,7 @@ def _source_file_name(frame: DataFrame) -> Column:
     return F.url_decode(F.replace(encoded, F.lit("+"), F.lit("%2B")))
 
 
-def _file_tasks(
-    spark: SparkSession, folder: str, files: list[SnapshotFile], batches: Callable, schema: T.StructType
-) -> DataFrame:
+def _per_file(spark: SparkSession, folder: str, files: list[SnapshotFile], batches: Callable, schema) -> DataFrame:
     """``batches(fs, path, name)`` of each file, one task per file, in Spark's Python workers.
 
     The driver only hands out names and paths (and the pyarrow filesystem that reaches them,
@@ -226,12 +224,10 @@ def _file_tasks(
                 yield from batches(fs, *tasks[task])
 
     # range gives each task exactly one id (no shuffle, nothing for adaptive execution to merge).
-    rows = spark.range(0, len(tasks), 1, numPartitions=len(tasks)).mapInArrow(read, schema)
-    # Binary to string keeps the bytes, invalid UTF-8 included, as Spark's text reader does.
-    return rows.select("source_file", F.col("raw").cast(T.StringType()).alias("raw"), "read_error", "decoded_reason")
+    return spark.range(0, len(tasks), 1, numPartitions=len(tasks)).mapInArrow(read, schema)
 
 
-# What the executor-side readers yield (pipelines/gzip_lines.py, pipelines/long_lines.py).
+# What the executor-side line reader yields (pipelines/gzip_lines.py, SCHEMA).
 _READ_ROWS = T.StructType(
     [
         T.StructField("source_file", T.StringType(), nullable=False),
@@ -242,6 +238,13 @@ _READ_ROWS = T.StructType(
 )
 
 
+def _file_tasks(spark: SparkSession, folder: str, files: list[SnapshotFile], batches: Callable) -> DataFrame:
+    """The rows ``batches`` reads from each file (``_per_file``) as LINES_SCHEMA text rows."""
+    rows = _per_file(spark, folder, files, batches, _READ_ROWS)
+    # Binary to string keeps the bytes, invalid UTF-8 included, as Spark's text reader does.
+    return rows.select("source_file", F.col("raw").cast(T.StringType()).alias("raw"), "read_error", "decoded_reason")
+
+
 def _gzip_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], max_line_bytes: int) -> DataFrame:
     """The rows of gzip files, decompressed and checked on the executors: one task per file.
 
@@ -249,16 +252,12 @@ def _gzip_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], max
     complete lines and one row for the rest, where Spark's own gzip reader would fail the
     whole job; a line over the limit yields its LINE_TOO_LONG row.
     """
-    return _file_tasks(
-        spark, folder, files, lambda fs, path, name: gzip_file_batches(fs, path, name, max_line_bytes), _READ_ROWS
-    )
+    return _file_tasks(spark, folder, files, lambda fs, path, name: gzip_file_batches(fs, path, name, max_line_bytes))
 
 
 def _plain_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], max_line_bytes: int) -> DataFrame:
     """The rows of plain JSONL files holding a line over the limit, split on the executors as gzip files are."""
-    return _file_tasks(
-        spark, folder, files, lambda fs, path, name: plain_file_batches(fs, path, name, max_line_bytes), _READ_ROWS
-    )
+    return _file_tasks(spark, folder, files, lambda fs, path, name: plain_file_batches(fs, path, name, max_line_bytes))
 
 
 def holding_long_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], max_line_bytes: int) -> set[str]:
@@ -270,18 +269,12 @@ def holding_long_lines(spark: SparkSession, folder: str, files: list[SnapshotFil
     larger = [f for f in files if f.size > max_line_bytes]
     if not larger:
         return set()
-    location = Location.of(folder)
-    fs = location.fs
-    tasks = [(location.child(f.name).path, f.name) for f in larger]
 
-    def probe(ids):
-        for batch in ids:
-            found = [tasks[task][1] for task in batch.column("id").to_pylist()
-                     if has_long_line(fs, tasks[task][0], max_line_bytes)]
-            yield pa.RecordBatch.from_arrays([pa.array(found, pa.string())], names=["name"])
+    def probe(fs, path: str, name: str):
+        if has_long_line(fs, path, max_line_bytes):
+            yield pa.RecordBatch.from_arrays([pa.array([name], pa.string())], names=["name"])
 
-    probed = spark.range(0, len(tasks), 1, numPartitions=len(tasks)).mapInArrow(probe, "name string")
-    return {row["name"] for row in probed.collect()}
+    return {row["name"] for row in _per_file(spark, folder, larger, probe, "name string").collect()}
 
 
 def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
