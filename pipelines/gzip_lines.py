@@ -32,6 +32,7 @@ from pipelines.long_lines import (
     LINE_TOO_LONG,
     PREFIX_BYTES,
     LongLine,
+    find_long_lines,
     long_line_detail,
 )
 
@@ -148,6 +149,11 @@ def plain_chunks(fs: pafs.FileSystem, path: str) -> Generator[bytes, None, str |
         while chunk := fh.read(_CHUNK):
             yield chunk
     return None
+
+
+def has_long_line(fs: pafs.FileSystem, path: str, max_line_bytes: int) -> bool:
+    """Whether a plain file holds a line over the limit: read a chunk at a time, up to the first such line."""
+    return next(find_long_lines(_without_bom(plain_chunks(fs, path)), max_line_bytes), None) is not None
 
 
 def gzip_lines(

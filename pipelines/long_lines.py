@@ -6,8 +6,9 @@ does not). One longer than ``max_line_bytes`` is never held whole by any reader:
 - ``*.jsonl.gz``, and ``*.jsonl`` files that hold such a line: ``pipelines/gzip_lines.py``
   splits the lines itself, a chunk at a time, and past the limit keeps only the line's first
   ``PREFIX_BYTES`` bytes and counts the rest (``LongLine``).
-- Which plain files hold one is found first (``has_long_line``, one task per file larger than
-  the limit: a smaller one cannot hold such a line): each is scanned a chunk at a time, looking
+- Which plain files hold one is found first (``find_long_lines`` through
+  ``pipelines.gzip_lines.has_long_line``, one task per file larger than the limit: a smaller
+  one cannot hold such a line): each is scanned a chunk at a time, looking
   only for LFs, and stops at the first long line. The other plain files go to Spark's text
   reader, which holds each line whole. (Hadoop's own ``line.maxlength`` is no way out: when a
   line it skips is longer than the rest of its split, it goes on reading from the middle of
@@ -17,8 +18,8 @@ Each such line is one row quarantined ``LINE_TOO_LONG``, ``detail`` saying where
 (``long_line_detail``). Its position in the topic is unknown (the line is not parsed), so the
 offset it held is a gap in its partition, as SPEC 3a treats any position a dump lacks.
 
-This module is shipped to Spark's Python workers by value with each task (only pyarrow is
-needed there).
+This module is shipped to Spark's Python workers by value with each task (nothing but the
+standard library is needed there).
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ import sys
 from dataclasses import dataclass
 from typing import Iterator
 
-import pyarrow.fs as pafs
 from pyspark import cloudpickle
 
 LINE_TOO_LONG = "LINE_TOO_LONG"
@@ -34,8 +34,6 @@ DEFAULT_MAX_LINE_BYTES = 64 * 1024 * 1024
 MIN_MAX_LINE_BYTES = 1024
 MAX_MAX_LINE_BYTES = 2**31 - 3  # a Spark string holds under 2 GiB
 PREFIX_BYTES = 1024  # what a quarantine row keeps of a long line
-UTF8_BOM = b"\xef\xbb\xbf"
-_CHUNK = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ def long_line_detail(line: LongLine, max_line_bytes: int) -> str:
 
 
 def find_long_lines(chunks: Iterator[bytes], max_line_bytes: int) -> Iterator[LongLine]:
-    """The lines of a stream of byte chunks longer than ``max_line_bytes`` bytes (see the module's rule).
+    """The lines of a stream of byte chunks (a BOM opening it already dropped) longer than ``max_line_bytes`` bytes.
 
     Holds one chunk and a prefix at a time. The chunks are cut to at most ``max_line_bytes + 1``
     bytes, so that only the LFs nearest each one's ends need looking for: a line lying whole
@@ -67,9 +65,7 @@ def find_long_lines(chunks: Iterator[bytes], max_line_bytes: int) -> Iterator[Lo
     position = 0  # offset of the next chunk's first byte
     lines_before = 0  # LF-terminated lines before the current one
     prefix = b""  # the current line's first bytes
-    for chunk in _sliced(_without_bom(chunks), max_line_bytes + 1):
-        if chunk is None:  # the BOM: its bytes are no line's, and offsets count from after it
-            continue
+    for chunk in _sliced(chunks, max_line_bytes + 1):
         lf = chunk.find(b"\n")
         if lf < 0:
             if len(prefix) < PREFIX_BYTES:
@@ -88,39 +84,11 @@ def find_long_lines(chunks: Iterator[bytes], max_line_bytes: int) -> Iterator[Lo
         yield LongLine(lines_before + 1, start, position - start, prefix[:PREFIX_BYTES])
 
 
-def _without_bom(chunks: Iterator[bytes]) -> Iterator[bytes | None]:
-    """The chunks, a UTF-8 BOM opening the stream replaced by None (Hadoop's reader drops it)."""
-    head = b""
+def _sliced(chunks: Iterator[bytes], size: int) -> Iterator[bytes]:
+    """The same bytes in pieces of at most ``size`` bytes, empty pieces left out."""
     for chunk in chunks:
-        head += chunk
-        if len(head) >= len(UTF8_BOM):
-            break
-    if head.startswith(UTF8_BOM):
-        yield None
-        head = head[len(UTF8_BOM):]
-    yield head
-    yield from chunks
-
-
-def _sliced(chunks: Iterator[bytes | None], size: int) -> Iterator[bytes | None]:
-    """The same bytes in pieces of at most ``size`` bytes (None passed through), empty pieces left out."""
-    for chunk in chunks:
-        if chunk is None:
-            yield None
-            continue
         for at in range(0, len(chunk), size):
             yield chunk[at: at + size]
-
-
-def _file_chunks(fs: pafs.FileSystem, path: str, size: int) -> Iterator[bytes]:
-    with fs.open_input_stream(path, compression=None) as fh:
-        while chunk := fh.read(size):
-            yield chunk
-
-
-def has_long_line(fs: pafs.FileSystem, path: str, max_line_bytes: int) -> bool:
-    """Whether a plain file holds a line over the limit: read a chunk at a time, up to the first such line."""
-    return next(find_long_lines(_file_chunks(fs, path, _CHUNK), max_line_bytes), None) is not None
 
 
 # Spark's Python workers receive this module by value with each task.

@@ -70,8 +70,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.gzip_lines import BLANK, gzip_file_batches, plain_file_batches
-from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES, has_long_line
+from pipelines.gzip_lines import BLANK, gzip_file_batches, has_long_line, plain_file_batches
+from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES
 from pipelines.venice_frame import (
     cluster_ids_in,
     CarriedSettings,
