@@ -69,9 +69,19 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipelines.gzip_lines import BLANK, gzip_file_batches, has_long_line, plain_file_batches
 from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES
+from pipelines.parquet_pages import (
+    LARGE_PAGE_FIELD,
+    PAGE_TOO_LARGE,
+    UNREADABLE_FIELD,
+    UnreadablePages,
+    guarded_batches,
+    large_pages,
+    page_detail,
+)
 from pipelines.venice_frame import (
     cluster_ids_in,
     CarriedSettings,
@@ -298,18 +308,40 @@ def _text_lines(spark: SparkSession, files: list[SnapshotFile]) -> DataFrame:
     return lines.where(~may_be_blank | (F.btrim(raw, F.lit(_BLANK_CHARS)) != F.lit("")))
 
 
+@dataclass(frozen=True)
+class _ParquetGroup:
+    """Parquet files with one schema: read by Spark (``frame``, None when every file is guarded), and those holding a
+    page over the line limit (``guarded``: name -> the row groups' large columns and detail), read around them."""
+
+    frame: DataFrame | None
+    schema: T.StructType
+    is_venice: bool
+    guarded: dict[str, dict[int, tuple[set[str], str]]] = field(default_factory=dict)
+
+
 def _parquet_tables(
-    spark: SparkSession, files: list[SnapshotFile]
-) -> tuple[list[tuple[DataFrame, bool]], list[tuple[str, str | None, str | None]]]:
-    """One frame per group of Parquet files with identical schema, each with whether it is raw Venice records
-    (``is_venice_schema``), and a row ``(file, None, error)`` for each unreadable file."""
+    spark: SparkSession, files: list[SnapshotFile], max_line_bytes: int | None = None
+) -> tuple[list[_ParquetGroup], list[tuple[str, str | None, str | None]]]:
+    """One group per set of Parquet files with identical schema, each with whether it is raw Venice records
+    (``is_venice_schema``), and a row ``(file, None, error)`` for each unreadable file.
+
+    With ``max_line_bytes``, the SPEC files' column chunks larger than it have their page headers read
+    (``pipelines/parquet_pages.py``): a file holding a page over it is guarded, not given to Spark's reader.
+    """
     groups: dict[str, list[SnapshotFile]] = {}
     venice_keys: set[str] = set()
+    large: dict[str, dict[int, tuple[set[str], str]]] = {}
     unreadable: list[tuple[str, str | None, str | None]] = []
     for file in files:
         try:
             location = Location.of(file.path)
-            schema = pq.read_schema(location.path, filesystem=location.fs)
+            with location.fs.open_input_file(location.path) as handle:
+                metadata = pq.read_metadata(handle)
+                schema = metadata.schema.to_arrow_schema()
+                pages = [] if max_line_bytes is None or is_venice_schema(schema) else large_pages(handle, metadata, max_line_bytes)
+        except UnreadablePages as exc:
+            unreadable.append((file.name, None, f"cannot read the Parquet page headers: {exc}"))
+            continue
         except Exception as exc:  # noqa: BLE001 - any failure to open the footer makes the file unreadable
             unreadable.append((file.name, None, f"cannot read the Parquet footer: {exc}"))
             continue
@@ -317,27 +349,74 @@ def _parquet_tables(
         groups.setdefault(key, []).append(file)
         if is_venice_schema(schema):
             venice_keys.add(key)
+        if pages:
+            large[file.name] = page_detail(file.name, pages, max_line_bytes)
 
-    tables: list[tuple[DataFrame, bool]] = []
+    tables: list[_ParquetGroup] = []
     for key, group in groups.items():
         try:
-            table = spark.read.parquet(*[_spark_path(f.path) for f in group])
+            # Resolves the schema from the footers (no job); only the files without large pages are read through it.
+            everything = spark.read.parquet(*[_spark_path(f.path) for f in group])
+            read = [f for f in group if f.name not in large]
+            frame = None if not read else everything if len(read) == len(group) else spark.read.parquet(
+                *[_spark_path(f.path) for f in read])
         except Exception as exc:  # noqa: BLE001 - Spark resolves the schema eagerly and may refuse its types
             unreadable.extend((f.name, None, f"Spark cannot read this Parquet schema: {exc}") for f in group)
             continue
-        tables.append((table, key in venice_keys))
+        tables.append(_ParquetGroup(frame, everything.schema, key in venice_keys,
+                                    {f.name: large[f.name] for f in group if f.name in large}))
     return tables, unreadable
 
 
-def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: VeniceSettings) -> list[DataFrame]:
+def _spec_json(frame: DataFrame, columns: list[str]) -> Column:
+    """A SPEC Parquet row rendered as the JSON line it stands for (null columns left out)."""
+    return F.to_json(F.struct(*[F.col("`" + name.replace("`", "``") + "`") for name in columns]), {"ignoreNullFields": "true"})
+
+
+def _guarded_rows(spark: SparkSession, folder: str, group: _ParquetGroup) -> DataFrame:
+    """The rows of files holding a page over the line limit, read around it on the executors (one task per file).
+
+    A row of a row group holding such a page is PAGE_TOO_LARGE (its detail as the reader's); one
+    standing for a row group pyarrow could not convert is unreadable.
+    """
+    columns = group.schema.fieldNames()
+    schema = T.StructType([*group.schema.fields, T.StructField(LARGE_PAGE_FIELD, T.StringType()),
+                           T.StructField(UNREADABLE_FIELD, T.StringType())])
+    arrow = to_arrow_schema(schema)
+    files = [SnapshotFile(path="", name=name, format="parquet") for name in sorted(group.guarded)]
+    guarded = group.guarded
+
+    def batches(fs, path: str, name: str):
+        for batch in guarded_batches(fs, path, arrow, guarded[name]):
+            yield batch.append_column(_GUARDED_SOURCE, pa.array([name] * batch.num_rows, pa.string()))
+
+    rows = _per_file(spark, folder, files, batches, schema.add(_GUARDED_SOURCE, T.StringType()))
+    unread, large = F.col(UNREADABLE_FIELD), F.col(LARGE_PAGE_FIELD)
+    return rows.select(
+        F.col(_GUARDED_SOURCE).alias("source_file"),
+        F.when(unread.isNull(), _spec_json(rows, columns)).alias("raw"),
+        F.coalesce(unread, large).alias("read_error"),
+        F.when(unread.isNull() & large.isNotNull(), F.lit(PAGE_TOO_LARGE)).alias("decoded_reason"),
+    )
+
+
+_GUARDED_SOURCE = "__replica_lens_source_file"
+
+
+def _parquet_rows(
+    spark: SparkSession, folder: str, files: list[SnapshotFile], venice: VeniceSettings,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> list[DataFrame]:
     """One frame per group of Parquet files with identical schema, plus rows for unreadable ones.
 
     A group whose schema is raw Venice records (``is_venice_schema``) is decoded (``venice_lines``).
+    SPEC files holding a page over the line limit are read around it (``_guarded_rows``).
     """
-    tables, unreadable = _parquet_tables(spark, files)
+    tables, unreadable = _parquet_tables(spark, files, max_line_bytes)
     frames: list[DataFrame] = []
-    for table, is_venice in tables:
-        if is_venice:
+    for group in tables:
+        table = group.frame
+        if group.is_venice:
             records = table.select("*", _source_file_name(table).alias("source_file"))
             resolved = resolve_push_settings(records, venice.push_settings, venice.carried_push_settings)
             if venice.on_resolved is not None:
@@ -345,14 +424,16 @@ def _parquet_rows(spark: SparkSession, files: list[SnapshotFile], venice: Venice
             frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, resolved.settings,
                                        venice.limits, frozenset(resolved.refused)))
             continue
-        columns = [F.col("`" + name.replace("`", "``") + "`") for name in table.columns]
-        frames.append(
-            table.select(
-                _source_file_name(table).alias("source_file"),
-                F.to_json(F.struct(*columns), {"ignoreNullFields": "true"}).alias("raw"),
-                F.lit(None).cast(T.StringType()).alias("read_error"),
+        if table is not None:
+            frames.append(
+                table.select(
+                    _source_file_name(table).alias("source_file"),
+                    _spec_json(table, table.columns).alias("raw"),
+                    F.lit(None).cast(T.StringType()).alias("read_error"),
+                )
             )
-        )
+        if group.guarded:
+            frames.append(_guarded_rows(spark, folder, group))
     if unreadable:
         frames.append(_local_lines(spark, unreadable))
     return frames
@@ -371,6 +452,7 @@ def read_skipped_positions(
     """
     venice = venice or VeniceSettings()
     tables, _ = _parquet_tables(spark, [f for f in list_snapshot_files(folder).data_files if f.format == "parquet"])
+    tables = [(group.frame, group.is_venice) for group in tables]
     frames = []
     for table, is_venice in tables:
         if is_venice:
@@ -428,7 +510,8 @@ def read_snapshot_lines(
     gzip_files = [f for f in files if f.format == "jsonl.gz" and f.size > 0]
     if gzip_files:
         frames.append(_gzip_lines(spark, folder, gzip_files, max_line_bytes))
-    frames.extend(_parquet_rows(spark, [f for f in files if f.format == "parquet"], venice or VeniceSettings()))
+    frames.extend(_parquet_rows(spark, folder, [f for f in files if f.format == "parquet"], venice or VeniceSettings(),
+                                max_line_bytes))
     if not frames:
         frames.append(_local_lines(spark, []))
     frames = [f if "decoded_reason" in f.columns else f.withColumn("decoded_reason", F.lit(None).cast(T.StringType()))

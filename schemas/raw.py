@@ -68,6 +68,8 @@ QUARANTINE_REASONS = (
     "UNREADABLE_FILE",
     # A JSONL line longer than the line limit (pipelines/long_lines.py): raw keeps its first bytes only.
     "LINE_TOO_LONG",
+    # A SPEC Parquet row in a row group holding a page over the line limit (pipelines/parquet_pages.py).
+    "PAGE_TOO_LARGE",
     "MALFORMED_JSON",
     "MISSING_FIELD",
     "BAD_TYPE",

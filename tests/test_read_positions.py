@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.ingest import accounting_from_tables, judge_rows
@@ -14,6 +16,7 @@ from resources.delta_store import DeltaStore
 from resources.landing import MAX_LINE_BYTES_ENV
 from schemas.registry import struct_for
 from tests.rows import raw_frame
+from tests.test_ingest import spec_arrow_schema
 from tests.test_venice_ingest import NS, PRODUCER_KEY, TOPIC, U, control, encoded, envelope, spec_rows, write_snapshot
 
 SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
@@ -33,7 +36,9 @@ def _mixed_snapshot(folder) -> None:
     6 heartbeat: every position read, no gap. dc-b: 0 START_OF_PUSH, 1-3 data, 4 END_OF_PUSH (skipped),
     5 UPDATE (quarantined by the decoder), 6 heartbeat: one gap, position 5. dc-c: 0 START_OF_PUSH, 1 PUT,
     2 a PUT without value (quarantined), 3 a PUT on a line over the line limit (LINE_TOO_LONG: its position is
-    unknown), 4 PUT: one gap of two positions, from 2.
+    unknown), 4 PUT: one gap of two positions, from 2. dc-d: SPEC Parquet in three row groups, the second (2, 3)
+    holding a value that makes its page longer than the line limit: both its rows PAGE_TOO_LARGE at their known
+    positions, one gap of two positions, from 2.
     """
     segment_start = control(2, "StartOfSegment", {"checksumType": 0, "upcomingAggregates": []})
     segment_end = control(3, "EndOfSegment", {"checksumValue": b"", "computedAggregates": [], "finalSegment": False})
@@ -55,6 +60,10 @@ def _mixed_snapshot(folder) -> None:
         {**base, **data, "offset": 4, "value": "4", "source_offset": 4},
     ]
     (folder / "dc-c.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    spec = [{**line, "replica": "dc-d"} for line in lines]
+    spec[2]["value"], spec[3]["value"] = "2", "3" * LONG
+    table = pa.Table.from_pylist(spec, schema=spec_arrow_schema())
+    pq.write_table(table, folder / "dc-d.parquet", row_group_size=2, use_dictionary=False)
 
 
 @pytest.fixture(scope="module")
@@ -90,16 +99,17 @@ def test_skipped_control_messages_are_read_positions_not_gaps(spark, audited):
     ]
     gaps = {r["replica"]: (r["gaps"], r["gap_positions"], r["first_gap_offset"])
             for r in _table(spark, store, "partition_watermarks")}
-    assert gaps == {"dc-a": (0, 0, None), "dc-b": (1, 1, 5), "dc-c": (1, 2, 2)}
+    assert gaps == {"dc-a": (0, 0, None), "dc-b": (1, 1, 5), "dc-c": (1, 2, 2), "dc-d": (1, 2, 2)}
     summary = {}
     for r in _table(spark, store, "heartbeat_segment_summary"):
         summary[r["replica"]] = summary.get(r["replica"], 0) + r["gaps"]
-    assert summary == {"dc-a": 0, "dc-b": 1, "dc-c": 1}
+    assert summary == {"dc-a": 0, "dc-b": 1, "dc-c": 1, "dc-d": 1}
     gap_before = {(r["replica"], r["offset"]): r["gap_before"] for r in _table(spark, store, "heartbeat_segments")}
     assert gap_before == {
         **{("dc-a", o): 0 for o in (0, 2, 3, 4, 6)},
         **{("dc-b", o): 0 for o in (0, 1, 2, 3)}, ("dc-b", 6): 1,  # 4 was read (skipped), 5 quarantined
         ("dc-c", 0): 0, ("dc-c", 1): 0, ("dc-c", 4): 2,  # the quarantined JSONL row at 2, the long line at 3
+        ("dc-d", 0): 0, ("dc-d", 1): 0, ("dc-d", 4): 2,  # the row group holding the large page
     }
 
 
@@ -107,20 +117,29 @@ def test_the_quarantine_names_the_positions_it_loses_and_the_accounting_stays_ex
     # Catches: the quarantine's topic/partition/offset left null (or the replica's only) for a JSONL row that
     # has them or for a record the decoder quarantined (its Kafka position), quarantined_positions missing
     # (or counting a LINE_TOO_LONG row, whose position is unknown), the line limit setting not reaching the audit,
+    # a SPEC Parquet page over the limit given to Spark's reader (it holds the page whole) or its row group's rows
+    # lost instead of quarantined at their positions,
     # from the metadata, and skipped rows counted apart from the table that keeps them.
     audit, store = audited
     quarantine = _table(spark, store, "raw_topic_quarantine")
     assert sorted((r["reason"], *(r[c] for c in POSITION)) for r in quarantine) == [
         ("LINE_TOO_LONG", None, None, None, None),  # never parsed: its position is unknown, a gap all the same
         ("MISSING_FIELD", "dc-c", TOPIC, 0, 2),
+        ("PAGE_TOO_LARGE", "dc-d", TOPIC, 0, 2),
+        ("PAGE_TOO_LARGE", "dc-d", TOPIC, 0, 3),
         ("UPDATE_NOT_APPLIED", "dc-b", TOPIC, 0, 5),
     ]
     (long,) = [r for r in quarantine if r["reason"] == "LINE_TOO_LONG"]
     assert long["source_file"] == "dc-c.jsonl" and len(long["raw"]) == 1024 and long["raw"].startswith('{"replica": "dc-c"')
     assert "line 4 (byte " in long["detail"] and f"over the limit of {LINE_LIMIT}" in long["detail"]
-    assert audit.value("raw_topic_quarantine", "quarantined_positions") == 2
+    large = [r for r in quarantine if r["reason"] == "PAGE_TOO_LARGE"]
+    # Read around the large page: every other column of the row, the value left out (its page never read).
+    assert all(r["source_file"] == "dc-d.parquet" and '"value"' not in r["raw"] for r in large)
+    assert all(f"row group 1 of dc-d.parquet (2 rows) has a page of" in r["detail"] and "in column value" in r["detail"]
+               and f"over the line limit of {LINE_LIMIT} bytes" in r["detail"] for r in large), large[0]["detail"]
+    assert audit.value("raw_topic_quarantine", "quarantined_positions") == 4
     raw = audit.metadata["raw_topic_snapshots"]
-    assert (raw["rows_read"], raw["rows_accepted"], raw["rows_quarantined"], raw["rows_skipped"]) == (19, 13, 3, 3)
+    assert (raw["rows_read"], raw["rows_accepted"], raw["rows_quarantined"], raw["rows_skipped"]) == (24, 16, 5, 3)
     assert audit.value("raw_topic_skipped", "dagster/row_count") == raw["rows_skipped"]
 
 
