@@ -136,7 +136,8 @@ def raw_topic_snapshots(
         # pass saw some (a JSONL or SPEC Parquet snapshot never has any: no Spark job).
         skipped = judgement.skipped_by_reason()
         if skipped:
-            staged = tables.stage(read_skipped_positions(session, folder, snapshot_id, venice), "raw_topic_skipped")
+            staged = tables.stage(read_skipped_positions(session, folder, snapshot_id, venice, landing.line_limit()),
+                                  "raw_topic_skipped")
             if staged.row_count != sum(skipped.values()):
                 tables.discard()
                 raise dg.Failure(

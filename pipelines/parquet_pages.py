@@ -4,9 +4,10 @@ Every Parquet reader (Spark's, pyarrow's) decompresses a page whole, and a value
 pages: a page holding one value of a gigabyte (a few kilobytes once compressed) costs an
 executor a gigabyte or more, whatever the file's size on disk, and took the whole audit down
 with it. A SPEC Parquet row is judged as the JSON line it renders to, so the line limit
-(``max_line_bytes``, pipelines/long_lines.py) bounds its pages too: writers cut pages at about
-1 MiB and dictionaries fall back to plain pages at about as much, so only a value near the limit
-makes a page over it.
+(``max_line_bytes``, pipelines/long_lines.py) bounds its pages too. Writers aim at pages of about
+1 MiB but look at the size only every 100 rows (parquet-mr) or 1024 (pyarrow): a page over 64 MiB
+takes one value near that size, or values averaging over 64 KiB (then raise the limit: reading
+that page costs its size, as it always did).
 
 - Finding them (``large_pages``, on the driver, which reads the footers anyway): only a column
   chunk whose footer gives it more uncompressed bytes than the limit can hold such a page, and
@@ -17,7 +18,8 @@ makes a page over it.
   holding one is read row group by row group. A row group without large pages is read whole;
   one with a large page is read without the columns holding it, and each of its rows carries
   why (``detail``): the judging quarantines it PAGE_TOO_LARGE with its position, which is known
-  from the columns read (a gap of one position, SPEC 3a). Its other rows share the row group's
+  from the columns read (a gap of one position, SPEC 3a). Files of raw Venice records are read
+  the same way; their quarantined records are never decoded. Its other rows share the row group's
   fate: their values in those columns cannot be read without the page.
 
 Known limit: a footer that understates a chunk's uncompressed size hides its pages from this

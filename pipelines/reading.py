@@ -338,7 +338,7 @@ def _parquet_tables(
             with location.fs.open_input_file(location.path) as handle:
                 metadata = pq.read_metadata(handle)
                 schema = metadata.schema.to_arrow_schema()
-                pages = [] if max_line_bytes is None or is_venice_schema(schema) else large_pages(handle, metadata, max_line_bytes)
+                pages = [] if max_line_bytes is None else large_pages(handle, metadata, max_line_bytes)
         except UnreadablePages as exc:
             unreadable.append((file.name, None, f"cannot read the Parquet page headers: {exc}"))
             continue
@@ -368,39 +368,59 @@ def _parquet_tables(
     return tables, unreadable
 
 
-def _spec_json(frame: DataFrame, columns: list[str]) -> Column:
+def _spec_json(columns: list[str]) -> Column:
     """A SPEC Parquet row rendered as the JSON line it stands for (null columns left out)."""
     return F.to_json(F.struct(*[F.col("`" + name.replace("`", "``") + "`") for name in columns]), {"ignoreNullFields": "true"})
 
 
-def _guarded_rows(spark: SparkSession, folder: str, group: _ParquetGroup) -> DataFrame:
-    """The rows of files holding a page over the line limit, read around it on the executors (one task per file).
-
-    A row of a row group holding such a page is PAGE_TOO_LARGE (its detail as the reader's); one
-    standing for a row group pyarrow could not convert is unreadable.
-    """
-    columns = group.schema.fieldNames()
+def _guarded(spark: SparkSession, folder: str, group: _ParquetGroup) -> DataFrame:
+    """The rows of the group's files holding a page over the line limit, read around it on the executors (one task
+    per file): the group's columns (null where a row group's large page holds them), ``source_file``, and the two
+    markers of ``pipelines.parquet_pages`` (why a row's row group was read without some columns; why a row group
+    could not be read at all)."""
     schema = T.StructType([*group.schema.fields, T.StructField(LARGE_PAGE_FIELD, T.StringType()),
                            T.StructField(UNREADABLE_FIELD, T.StringType())])
-    arrow = to_arrow_schema(schema)
+    arrow = to_arrow_schema(schema, timezone="UTC")  # Spark takes zoned Arrow timestamps as instants (UTC)
     files = [SnapshotFile(path="", name=name, format="parquet") for name in sorted(group.guarded)]
     guarded = group.guarded
 
     def batches(fs, path: str, name: str):
         for batch in guarded_batches(fs, path, arrow, guarded[name]):
-            yield batch.append_column(_GUARDED_SOURCE, pa.array([name] * batch.num_rows, pa.string()))
+            yield batch.append_column(_SOURCE, pa.array([name] * batch.num_rows, pa.string()))
 
-    rows = _per_file(spark, folder, files, batches, schema.add(_GUARDED_SOURCE, T.StringType()))
+    return _per_file(spark, folder, files, batches, schema.add(_SOURCE, T.StringType()))
+
+
+# The file a Parquet row came from, under a name no column of the file can have taken.
+_SOURCE = "__replica_lens_source_file"
+
+
+def _whole() -> Column:
+    return F.col(LARGE_PAGE_FIELD).isNull() & F.col(UNREADABLE_FIELD).isNull()
+
+
+def _records(spark: SparkSession, folder: str, group: _ParquetGroup) -> DataFrame | None:
+    """The group's rows that were read whole, with their file (``_SOURCE``): Spark's reading and the guarded files'
+    other row groups (None when there are none)."""
+    frames = []
+    if group.frame is not None:
+        frames.append(group.frame.select("*", _source_file_name(group.frame).alias(_SOURCE)))
+    if group.guarded:
+        frames.append(_guarded(spark, folder, group).where(_whole()).drop(LARGE_PAGE_FIELD, UNREADABLE_FIELD))
+    return reduce(DataFrame.unionByName, frames) if frames else None
+
+
+def _not_read_whole(spark: SparkSession, folder: str, group: _ParquetGroup, position: Column) -> DataFrame:
+    """The rows of row groups holding a large page (PAGE_TOO_LARGE, ``raw`` the ``position`` JSON of the columns
+    read), and one unreadable row per row group pyarrow could not convert."""
+    rows = _guarded(spark, folder, group).where(~_whole())
     unread, large = F.col(UNREADABLE_FIELD), F.col(LARGE_PAGE_FIELD)
     return rows.select(
-        F.col(_GUARDED_SOURCE).alias("source_file"),
-        F.when(unread.isNull(), _spec_json(rows, columns)).alias("raw"),
+        F.col(_SOURCE).alias("source_file"),
+        F.when(unread.isNull(), position).alias("raw"),
         F.coalesce(unread, large).alias("read_error"),
-        F.when(unread.isNull() & large.isNotNull(), F.lit(PAGE_TOO_LARGE)).alias("decoded_reason"),
+        F.when(unread.isNull(), F.lit(PAGE_TOO_LARGE)).alias("decoded_reason"),
     )
-
-
-_GUARDED_SOURCE = "__replica_lens_source_file"
 
 
 def _parquet_rows(
@@ -410,37 +430,37 @@ def _parquet_rows(
     """One frame per group of Parquet files with identical schema, plus rows for unreadable ones.
 
     A group whose schema is raw Venice records (``is_venice_schema``) is decoded (``venice_lines``).
-    SPEC files holding a page over the line limit are read around it (``_guarded_rows``).
+    Files holding a page over the line limit are read around it (``_guarded``): the rows of a row group holding
+    one are PAGE_TOO_LARGE, at the position their other columns give.
     """
     tables, unreadable = _parquet_tables(spark, files, max_line_bytes)
     frames: list[DataFrame] = []
     for group in tables:
-        table = group.frame
+        records = _records(spark, folder, group)
         if group.is_venice:
-            records = table.select("*", _source_file_name(table).alias("source_file"))
-            resolved = resolve_push_settings(records, venice.push_settings, venice.carried_push_settings)
-            if venice.on_resolved is not None:
-                venice.on_resolved(resolved)
-            frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms, resolved.settings,
-                                       venice.limits, frozenset(resolved.refused)))
-            continue
-        if table is not None:
-            frames.append(
-                table.select(
-                    _source_file_name(table).alias("source_file"),
-                    _spec_json(table, table.columns).alias("raw"),
-                    F.lit(None).cast(T.StringType()).alias("read_error"),
-                )
-            )
+            if records is not None:
+                records = records.withColumnRenamed(_SOURCE, "source_file")
+                resolved = resolve_push_settings(records, venice.push_settings, venice.carried_push_settings)
+                if venice.on_resolved is not None:
+                    venice.on_resolved(resolved)
+                frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms,
+                                           resolved.settings, venice.limits, frozenset(resolved.refused)))
+            position = F.to_json(F.struct(F.col("region").alias("replica"), "topic", "partition", "offset"))
+        else:
+            if records is not None:
+                frames.append(records.select(F.col(_SOURCE).alias("source_file"), _spec_json(group.schema.fieldNames()).alias("raw"),
+                                             F.lit(None).cast(T.StringType()).alias("read_error")))
+            position = _spec_json(group.schema.fieldNames())
         if group.guarded:
-            frames.append(_guarded_rows(spark, folder, group))
+            frames.append(_not_read_whole(spark, folder, group, position))
     if unreadable:
         frames.append(_local_lines(spark, unreadable))
     return frames
 
 
 def read_skipped_positions(
-    spark: SparkSession, folder: str, snapshot_id: str, venice: VeniceSettings | None = None
+    spark: SparkSession, folder: str, snapshot_id: str, venice: VeniceSettings | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> DataFrame:
     """The positions of the snapshot's raw Venice records skipped by rule, shaped like RawTopicSkipped.
 
@@ -448,15 +468,17 @@ def read_skipped_positions(
     row per record: its Kafka position was read (SPEC 3a), so it closes a gap though it holds no
     row. A pass of its own over the raw Venice files only, decoding only their control records
     (``venice_skipped_positions``); worth running only when the accepted pass saw skipped records
-    (``Judgement.skipped_by_reason``). Unreadable files are the quarantine's business.
+    (``Judgement.skipped_by_reason``). Unreadable files are the quarantine's business, and so are
+    the row groups holding a page over ``max_line_bytes`` (never read here either).
     """
     venice = venice or VeniceSettings()
-    tables, _ = _parquet_tables(spark, [f for f in list_snapshot_files(folder).data_files if f.format == "parquet"])
-    tables = [(group.frame, group.is_venice) for group in tables]
+    parquet = [f for f in list_snapshot_files(folder).data_files if f.format == "parquet"]
+    tables, _ = _parquet_tables(spark, parquet, max_line_bytes)
     frames = []
-    for table, is_venice in tables:
-        if is_venice:
-            records = table.select("*", _source_file_name(table).alias("source_file"))
+    for group in tables:
+        records = _records(spark, folder, group) if group.is_venice else None
+        if records is not None:
+            records = records.withColumnRenamed(_SOURCE, "source_file")
             resolved = resolve_push_settings(records, venice.push_settings, venice.carried_push_settings)
             if venice.on_resolved is not None:
                 venice.on_resolved(resolved)

@@ -333,6 +333,55 @@ def test_values_over_the_limits_are_quarantined_with_their_positions_and_every_r
     assert refused == {True, False}, refused
 
 
+def test_a_row_group_holding_a_page_over_the_line_limit_is_quarantined_and_the_rest_decodes_as_before(spark, tmp_path):
+    """One replica's file rewritten in row groups of 16 records, a middle one holding a record whose Kafka value is
+    larger than the line limit: that row group's records are PAGE_TOO_LARGE at their Kafka positions (never given to
+    a Parquet reader, never decoded), and every other record has the outcome it has in the file as written. Catches
+    a large page read whole (Spark's reader, or the skipped positions' second pass over the files), a row group's
+    records lost from the accounting, and the other row groups of a guarded file decoded differently or twice."""
+    import json
+    import shutil
+
+    from pipelines.reading import read_skipped_positions
+    from replica_lens.simulator import SimulationConfig, simulate
+
+    config = SimulationConfig(seed=8, regions=2, partitions=1, keys=20, writes=120, file_format="venice-kafka",
+                              push_control_messages=True)
+    summary = simulate(tmp_path / "as-written", "s", config)
+    truth = json.loads(Path(summary["ground_truth"]).read_text())["venice"]
+    settings = VeniceSettings(parse_cluster_regions(truth["cluster_regions"]), truth["clock_uncertainty_ms"])
+    limit, rows_per_group = 16384, 16  # above the pages of many small values (a writer cuts a page per 1024 rows)
+    written = Path(summary["snapshot_dir"])
+    guarded = tmp_path / "guarded" / "s"
+    shutil.copytree(written, guarded)
+    (path,) = [p for p in sorted(guarded.glob("*.parquet")) if p.name.startswith("dc-a")][:1]
+    table = pq.read_table(path)
+    big = 2 * rows_per_group + 3  # a record of the third row group
+    values = table.column("value").to_pylist()
+    values[big] = values[big] + b"\x00" * (2 * limit)
+    table = table.set_column(table.schema.get_field_index("value"), "value", pa.array(values, pa.binary()))
+    pq.write_table(table, path, row_group_size=rows_per_group)
+    held = {(table.column("region")[i].as_py(), table.column("offset")[i].as_py())
+            for i in range(2 * rows_per_group, 3 * rows_per_group)}
+
+    def outcomes(folder):
+        judgement = judge_rows(read_snapshot_lines(spark, str(folder), settings, limit), "s")
+        rows = [("accepted", r["replica"], r["offset"], r["kind"]) for r in judgement.accepted.collect()]
+        rows += [(r["reason"], r["replica"], r["offset"], None) for r in judgement.quarantine().collect()]
+        skipped = [("skipped", r["replica"], r["offset"], r["reason"])
+                   for r in read_skipped_positions(spark, str(folder), "s", settings, limit).collect()]
+        return sorted(rows + skipped, key=str), judgement
+
+    before, _ = outcomes(written)
+    after, judgement = outcomes(guarded)
+    assert sorted((r[1], r[2]) for r in after if r[0] == "PAGE_TOO_LARGE") == sorted(held)
+    assert [r for r in after if (r[1], r[2]) not in held] == [r for r in before if (r[1], r[2]) not in held]
+    counts = accounting_from_tables(judgement.accepted, judgement.quarantined, judgement.skipped_by_reason())
+    assert counts["rows_read"] == sum(pq.read_metadata(p).num_rows for p in guarded.glob("*.parquet"))
+    (detail,) = {r["detail"] for r in judgement.quarantine().collect() if r["reason"] == "PAGE_TOO_LARGE"}
+    assert detail.startswith(f"PAGE_TOO_LARGE: row group 2 of {path.name} ({rows_per_group} rows) has a page of ")
+
+
 def test_a_topic_without_push_settings_is_kept_and_named_and_the_others_are_audited(spark, tmp_path):
     """Three version topics dumped mid-stream (snapshot "two"): the settings file names one, an earlier snapshot
     ("one", audited first) holds another's START_OF_PUSH, the third has neither. The audit succeeds, takes the second
