@@ -110,10 +110,17 @@ def looks_like_venice(rows: Iterable[dict]) -> bool:
 
 def _gap_ranges(gap_rows: Iterable[dict], first_offset: int) -> list[dict]:
     """The dump's own gaps (a continuing dump's gap before its first offset is the stream's: ``carried_from``)."""
-    return [
-        {"first": r["offset"] - r["gap_before"], "last": r["offset"] - 1}
-        for r in sorted(gap_rows, key=lambda r: r["offset"]) if r["offset"] - r["gap_before"] >= first_offset
+    ranges = [
+        # gap_start/gap_end: the positions missing since the row before (read positions between them are not);
+        # snapshots audited before they existed say only how many were missing right before the row.
+        {"first": _or(r.get("gap_start"), r["offset"] - r["gap_before"]), "last": _or(r.get("gap_end"), r["offset"] - 1)}
+        for r in sorted(gap_rows, key=lambda r: r["offset"])
     ]
+    return [r for r in ranges if r["first"] >= first_offset]
+
+
+def _or(value, default):
+    return default if value is None else value
 
 
 def _versions(inp: ReplicaInput) -> list[dict]:

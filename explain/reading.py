@@ -22,6 +22,7 @@ VERSION_COLUMNS = ("replica", "topic", "partition", "offset", "key", "kind", "va
                    "source_offset", "write_ts", "touch_bound", "reach", "applied_lower_bound", "missing_before")
 Place = tuple[str, int]  # (topic, partition)
 GAP_COLUMNS = ("replica", "offset", "gap_before", "missing_before", "applied_lower_bound")
+GAP_BOUNDS = ("gap_start", "gap_end")  # read where the table has them (snapshots audited since they exist)
 HEARTBEAT_COLUMNS = ("replica", "offset", "source_region", "applied_ts_min_ms", "applied_ts_max_ms", "hb_vector")
 REPORT_COLUMNS = ("replica_a", "replica_b", "key", "verdict", "missing_in", "witness_offset_a", "witness_offset_b")
 MAX_LISTED = 20
@@ -58,8 +59,8 @@ class SnapshotTables:
         self.warehouse = warehouse
         self.snapshot_id = snapshot_id
 
-    def _read(self, table: str, where=None, columns=None):
-        found = self.reader.read(table, self.snapshot_id, where, columns)
+    def _read(self, table: str, where=None, columns=None, optional=()):
+        found = self.reader.read(table, self.snapshot_id, where, columns, optional)
         if found is None:
             raise NotAudited(
                 f"the warehouse {self.warehouse} has no table {table}: audit the snapshot first "
@@ -85,12 +86,12 @@ class SnapshotTables:
             )
         return {place: held[place] for place in places}
 
-    def _rows_of(self, table: str, places: set[Place], where, columns) -> dict[Place, list[dict]]:
+    def _rows_of(self, table: str, places: set[Place], where, columns, optional=()) -> dict[Place, list[dict]]:
         """``table``'s rows matching ``where`` in ``places``, one read for all of them, grouped by place."""
         topics, partitions = sorted({t for t, _ in places}), sorted({p for _, p in places})
         narrowed = ds.field("topic").isin(topics) & ds.field("partition").isin(partitions) & where
         out: dict[Place, list[dict]] = {}
-        for row in self._read(table, narrowed, ["topic", "partition", *columns]).to_pylist():
+        for row in self._read(table, narrowed, ["topic", "partition", *columns], optional).to_pylist():
             place = (row.pop("topic"), row.pop("partition"))
             if place in places:
                 out.setdefault(place, []).append(row)
@@ -98,7 +99,7 @@ class SnapshotTables:
 
     def gap_rows(self, places: set[Place]) -> dict[Place, list[dict]]:
         """The rows right after a gap (SPEC 3a) of the places' dumps (the caller skips this without gaps)."""
-        return self._rows_of("heartbeat_segments", places, ds.field("gap_before") > 0, GAP_COLUMNS)
+        return self._rows_of("heartbeat_segments", places, ds.field("gap_before") > 0, GAP_COLUMNS, GAP_BOUNDS)
 
     def heartbeats(self, places: set[Place]) -> dict[Place, list[dict]]:
         """Every heartbeat of the places, in offset order."""

@@ -14,11 +14,13 @@ later stages reuse both instead of sorting the stream again.
 Gaps (SPEC 3a) are found by the same ordering: the offsets of a version topic are
 contiguous, so positions between two consecutive positions read that hold nothing are a
 gap (compaction, a quarantined or lost record). Every row carries ``gap_before``, the
-positions missing right before it, and ``missing_before``, the positions missing before it
-in the whole dump. ``missing_before`` only grows, and it grows exactly at a gap: a gap lies
+positions missing since the row before it (``gap_start`` the first of them, ``gap_end`` the
+last), and ``missing_before``, the positions missing before it in the whole dump. ``missing_before`` only grows, and it grows exactly at a gap: a gap lies
 between two rows exactly when their ``missing_before`` differ, which is all the later
 stages ask. Positions read that hold no row (raw Venice records skipped by rule) are not
 gaps: ``annotate_segments`` takes them as ``read_positions`` and orders them with the rows.
+A gap that ends at such a position (a quarantined record followed by skipped chunks) is a gap
+of the next row: ``gap_before`` counts every position missing since the row before.
 """
 from __future__ import annotations
 
@@ -110,9 +112,49 @@ def annotate_segments(raw: DataFrame, read_positions: DataFrame | None = None) -
         _resolved_ts(regions, upto).alias("resolved_ts_ms"),
         F.coalesce(F.col("offset") - previous - 1, F.lit(0)).cast(T.LongType()).alias("gap_before"),
         missing_before.cast(T.LongType()).alias("missing_before"),
+        previous.alias("_previous"),
     )
-    if read_positions is not None:
-        annotated = annotated.where(F.col("kind").isNotNull())
+    at_gap = F.col("gap_before") > 0
+    if read_positions is None:
+        annotated = annotated.select(
+            "*",
+            F.when(at_gap, F.col("offset") - F.col("gap_before")).alias("gap_start"),
+            F.when(at_gap, F.col("offset") - 1).alias("gap_end"),
+        )
+    else:
+        annotated = _gaps_between_rows(annotated, before, upto)
+    return conform(annotated, HeartbeatSegments.to_structtype())
+
+
+def _gaps_between_rows(positions: DataFrame, before: Window, upto: Window) -> DataFrame:
+    """The rows of ``positions`` (rows and read positions, with each position's own ``gap_before``), each with the
+    gaps since the row before it: a gap can end at a read position (a quarantined record, then skipped ones), and
+    it is a gap of the rows all the same (SPEC 3a).
+
+    ``gap_before`` becomes the positions missing since the previous row (``missing_before`` minus the previous
+    row's), ``gap_start`` the first of them and ``gap_end`` the last. Same ordering as the rows' other windows: no
+    sort of its own.
+    """
+    row = F.col("kind").isNotNull()
+    here = F.col("gap_before")  # positions missing right before this position, row or read
+    with_previous_row = positions.select(
+        "*", F.last(F.when(row, F.col("missing_before")), ignorenulls=True).over(before).alias("_row_missing")
+    )
+    since_row = F.coalesce(F.col("_row_missing"), F.lit(0))
+    # The first gap after the previous row: the one whose positions missing before it are the previous row's.
+    first_after_row = (here > 0) & (F.col("missing_before") - here == since_row)
+    gaps = with_previous_row.select(
+        "*",
+        F.last(F.when(first_after_row, F.col("_previous") + 1), ignorenulls=True).over(upto).alias("_first_start"),
+        F.last(F.when(here > 0, F.col("offset") - 1), ignorenulls=True).over(upto).alias("_last_end"),
+    ).where(row)
+    gap_before = (F.col("missing_before") - since_row).cast(T.LongType())
+    return gaps.withColumn("gap_before", gap_before).select(
+        "*",
+        F.when(F.col("gap_before") > 0, F.col("_first_start")).alias("gap_start"),
+        F.when(F.col("gap_before") > 0, F.col("_last_end")).alias("gap_end"),
+    )
+
     return conform(annotated, HeartbeatSegments.to_structtype())
 
 
@@ -158,12 +200,15 @@ def summarize_segments(annotated: DataFrame) -> DataFrame:
         F.max("opening_applied_ts_min_ms").alias("opening_applied_ts_min_ms"),
         F.max("opening_applied_ts_max_ms").alias("opening_applied_ts_max_ms"),
         F.max("resolved_ts_ms").alias("resolved_ts_ms"),
-        *gap_aggregates(F.col("gap_before"), F.col("offset"), F.col("applied_lower_bound")),
+        *gap_aggregates(F.col("gap_before"), F.col("offset"), F.col("applied_lower_bound"), F.col("gap_start"),
+                        F.col("gap_end")),
     )
     return conform(summary, HeartbeatSegmentSummary.to_structtype())
 
 
-def gap_aggregates(gap_before: Column, offset: Column, lower_bound: Column) -> list[Column]:
+def gap_aggregates(
+    gap_before: Column, offset: Column, lower_bound: Column, gap_start: Column, gap_end: Column
+) -> list[Column]:
     """Aggregates over rows: their gaps (how many, positions missing, first and last position missing) and ``L(g)``.
 
     ``L(g)`` of the first row after the first gap (``first_gap_lower_bound``) is where the
@@ -175,8 +220,8 @@ def gap_aggregates(gap_before: Column, offset: Column, lower_bound: Column) -> l
     return [
         F.count_if(at_gap).cast(T.LongType()).alias("gaps"),
         F.sum(gap_before).cast(T.LongType()).alias("gap_positions"),
-        F.min(F.when(at_gap, offset - gap_before)).alias("first_gap_offset"),
-        F.max(F.when(at_gap, offset - 1)).alias("last_gap_offset"),
+        F.min(F.when(at_gap, gap_start)).alias("first_gap_offset"),
+        F.max(F.when(at_gap, gap_end)).alias("last_gap_offset"),
         # min_by skips rows whose ordering value is null: only the rows after a gap compete.
         F.min_by(lower_bound, F.when(at_gap, offset)).alias("first_gap_lower_bound"),
     ]

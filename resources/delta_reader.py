@@ -51,12 +51,14 @@ class TableReader:
         return DeltaTable.is_deltatable(table_uri(self.root, table), storage_options=delta_storage_options())
 
     def read(
-        self, table: str, snapshot_id: str, where=None, columns: Optional[Sequence[str]] = None
+        self, table: str, snapshot_id: str, where=None, columns: Optional[Sequence[str]] = None,
+        optional: Sequence[str] = (),
     ) -> Optional[pa.Table]:
         """The rows of ``snapshot_id`` in ``table`` that match ``where`` (a ``pyarrow.dataset`` expression).
 
         Only that snapshot's files are opened (the partition filter prunes by the Delta log),
-        and only ``columns`` (default: all) are read. None when the table does not exist.
+        and only ``columns`` (default: all) are read, with those of ``optional`` the table has (columns added
+        since older snapshots were written). None when the table does not exist.
         """
         from deltalake import DeltaTable
         import pyarrow.dataset as ds
@@ -69,4 +71,6 @@ class TableReader:
         condition = ds.field(PARTITION_COLUMN) == snapshot_id
         if where is not None:
             condition = condition & where
-        return dataset.to_table(filter=condition, columns=list(columns) if columns is not None else None)
+        if columns is not None:
+            columns = [*columns, *[c for c in optional if c in dataset.schema.names]]
+        return dataset.to_table(filter=condition, columns=columns)

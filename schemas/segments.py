@@ -52,8 +52,11 @@ class HeartbeatSegments(pa.DataFrameModel):
         nullable=True, description="Resolved timestamp after the opening heartbeat (null before any)"
     )
     gap_before: T.LongType() = pa.Field(
-        nullable=False, ge=0, description="Positions missing right before this row (a gap: SPEC 3a); 0 when none"
+        nullable=False, ge=0,
+        description="Positions missing since the row before (a gap: SPEC 3a; read positions between are not); 0 when none",
     )
+    gap_start: T.LongType() = pa.Field(nullable=True, ge=0, description="First position missing since the row before")
+    gap_end: T.LongType() = pa.Field(nullable=True, ge=0, description="Last position missing since the row before")
     missing_before: T.LongType() = pa.Field(
         nullable=False, ge=0,
         description="Positions missing before this row in the whole dump; a gap lies between two rows iff theirs differ",

@@ -15,23 +15,25 @@ os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
 # these go first and short files fill in at the end: no long file starts last and runs alone
 # while the other worker is idle. Only the order changes; a file missing here runs after them.
 LONGEST_FIRST = (
-    "test_reliability.py",
     "test_incremental.py",
+    "test_reliability.py",
     "test_state_bounded.py",
     "test_benchmark.py",
-    "test_leapfrog_properties.py",
-    "test_cluster.py",
-    "test_audit_e2e.py",
-    "test_venice_simulated.py",
     "test_ui_browser.py",
+    "test_cluster.py",
+    "test_venice_ingest.py",
+    "test_audit_e2e.py",
+    "test_leapfrog_properties.py",
+    "test_venice_simulated.py",
+    "test_venice_fuzz_spark.py",
     "test_ingest_fuzz.py",
-    "test_code_generation.py",
-    "test_definitions.py",
     "test_ingest.py",
     "test_validation.py",
-    "test_anomalies.py",
-    "test_simulated_anomalies.py",
+    "test_code_generation.py",
     "test_leapfrog.py",
+    "test_simulated_anomalies.py",
+    "test_definitions.py",
+    "test_anomalies.py",
 )
 
 

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.ingest import accounting_from_tables, judge_rows
-from pipelines.segments import annotate_segments
+from pipelines.segments import annotate_segments, summarize_segments
+from pipelines.watermarks import partition_watermarks
 from replica_lens.audit import run_audit
 from resources.delta_store import DeltaStore
 from resources.landing import MAX_LINE_BYTES_ENV
@@ -203,3 +204,27 @@ def test_a_position_read_twice_is_one_read_position(spark):
                                  "partition int, offset long")
     got = {r["offset"]: (r["gap_before"], r["missing_before"]) for r in annotate_segments(rows, read).collect()}
     assert got == {0: (0, 0), 2: (0, 0), 3: (0, 0)}
+
+
+def test_a_gap_that_ends_at_a_read_position_is_a_gap_of_the_next_row(spark):
+    # Catches: a gap followed by positions read without a row (a quarantined Venice record, then skipped chunks)
+    # counted nowhere: gap_before took only the positions missing right before the row, the read position's own gap
+    # was dropped with it, so the dump showed no gap and a version before it reached past it (a false DIVERGENT
+    # proof, found by tests/test_venice_fuzz_spark.py); and two such gaps between two rows reported as one range.
+    rows = raw_frame(spark, [
+        {"replica": "dc-a", "topic": "t", "partition": 0, "offset": o, "kind": "PUT", "key": "k", "value": str(o),
+         "source_region": "dc-a", "source_offset": o}
+        for o in (0, 1, 6, 9)
+    ], "s")
+    # Missing 2, 4, 5 and 7; 3 and 8 read: between rows 1 and 6 two gaps with a read position between (one range
+    # of the rows: 2..5, three positions), between rows 6 and 9 one gap that ends at a read position.
+    read = spark.createDataFrame([("s", "dc-a", "t", 0, o) for o in (3, 8)],
+                                 "snapshot_id string, replica string, topic string, partition int, offset long")
+    annotated = annotate_segments(rows, read)
+    got = {r["offset"]: (r["gap_before"], r["gap_start"], r["gap_end"], r["missing_before"]) for r in annotated.collect()}
+    assert got == {0: (0, None, None, 0), 1: (0, None, None, 0), 6: (3, 2, 5, 3), 9: (1, 7, 7, 4)}
+    (summary,) = partition_watermarks(summarize_segments(annotated)).collect()
+    assert (summary["gaps"], summary["gap_positions"], summary["first_gap_offset"], summary["last_gap_offset"]) == (2, 4, 2, 7)
+    # L at the first gap: what the rows before it applied (row 1's contribution), where a version's reach stops.
+    assert summary["first_gap_lower_bound"] == {"dc-a": 1}
+
