@@ -410,6 +410,15 @@ def _records(spark: SparkSession, folder: str, group: _ParquetGroup) -> DataFram
     return reduce(DataFrame.unionByName, frames) if frames else None
 
 
+def _resolved(records: DataFrame, venice: VeniceSettings) -> tuple[DataFrame, PushResolution]:
+    """Raw Venice records (``_records``) named for the decoder, and their version topics' push settings."""
+    records = records.withColumnRenamed(_SOURCE, "source_file")
+    resolved = resolve_push_settings(records, venice.push_settings, venice.carried_push_settings)
+    if venice.on_resolved is not None:
+        venice.on_resolved(resolved)
+    return records, resolved
+
+
 def _not_read_whole(spark: SparkSession, folder: str, group: _ParquetGroup, position: Column) -> DataFrame:
     """The rows of row groups holding a large page (PAGE_TOO_LARGE, ``raw`` the ``position`` JSON of the columns
     read), and one unreadable row per row group pyarrow could not convert."""
@@ -439,10 +448,7 @@ def _parquet_rows(
         records = _records(spark, folder, group)
         if group.is_venice:
             if records is not None:
-                records = records.withColumnRenamed(_SOURCE, "source_file")
-                resolved = resolve_push_settings(records, venice.push_settings, venice.carried_push_settings)
-                if venice.on_resolved is not None:
-                    venice.on_resolved(resolved)
+                records, resolved = _resolved(records, venice)
                 frames.append(venice_lines(records, venice.cluster_regions, venice.clock_uncertainty_ms,
                                            resolved.settings, venice.limits, frozenset(resolved.refused)))
             position = F.to_json(F.struct(F.col("region").alias("replica"), "topic", "partition", "offset"))
@@ -478,10 +484,7 @@ def read_skipped_positions(
     for group in tables:
         records = _records(spark, folder, group) if group.is_venice else None
         if records is not None:
-            records = records.withColumnRenamed(_SOURCE, "source_file")
-            resolved = resolve_push_settings(records, venice.push_settings, venice.carried_push_settings)
-            if venice.on_resolved is not None:
-                venice.on_resolved(resolved)
+            records, resolved = _resolved(records, venice)
             frames.append(venice_skipped_positions(records, venice.cluster_regions, venice.clock_uncertainty_ms,
                                                    resolved.settings, frozenset(resolved.refused)))
     struct = RawTopicSkipped.to_structtype()
