@@ -117,7 +117,8 @@ def raw_topic_snapshots(
                 raise
             # The failed job stopped at the first unknown id; one more job names them all.
             try:
-                unknown = unknown_cluster_ids_message(venice_cluster_ids(session, folder), landing.cluster_region_map())
+                unknown = unknown_cluster_ids_message(venice_cluster_ids(session, folder, landing.line_limit()),
+                                                      landing.cluster_region_map())
             except Exception:  # noqa: BLE001 - the first id still tells the operator what to fix
                 pass
             raise dg.Failure(

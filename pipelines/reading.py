@@ -493,20 +493,14 @@ def read_skipped_positions(
     return conform(reduce(DataFrame.unionByName, frames).withColumn("snapshot_id", F.lit(snapshot_id)), struct)
 
 
-def venice_cluster_ids(spark: SparkSession, folder: str) -> list[int]:
+def venice_cluster_ids(spark: SparkSession, folder: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> list[int]:
     """Every upstream cluster id named by the raw Venice records of a snapshot folder (sorted; empty
-    without any). Reads the Parquet footers again: it serves only an error's message."""
-    paths = []
-    for file in list_snapshot_files(folder).data_files:
-        if file.format != "parquet":
-            continue
-        try:
-            location = Location.of(file.path)
-            if is_venice_schema(pq.read_schema(location.path, filesystem=location.fs)):
-                paths.append(_spark_path(file.path))
-        except Exception:  # noqa: BLE001 - an unreadable file is the quarantine's business
-            continue
-    return cluster_ids_in(spark.read.parquet(*paths)) if paths else []
+    without any). Reads the Parquet footers again (and around pages over ``max_line_bytes``): it serves
+    only an error's message."""
+    parquet = [f for f in list_snapshot_files(folder).data_files if f.format == "parquet"]
+    tables, _ = _parquet_tables(spark, parquet, max_line_bytes)
+    records = [r for r in (_records(spark, folder, group) for group in tables if group.is_venice) if r is not None]
+    return cluster_ids_in(reduce(DataFrame.unionByName, records)) if records else []
 
 
 def read_snapshot_lines(
