@@ -37,7 +37,9 @@ control records, for ``raw_topic_skipped``. An upstream cluster id missing from 
 - A gzip file that breaks part-way (truncated, corrupt, trailing garbage) keeps its
   complete lines before the break; one UNREADABLE_FILE row (raw null) stands for the rest,
   whose lines cannot be counted. A Parquet file Spark or pyarrow cannot open is one
-  UNREADABLE_FILE row.
+  UNREADABLE_FILE row. A Parquet page larger than the line limit is never given to a reader
+  (which holds a page whole): its file is read around it on the executors, and the rows of its
+  row group are PAGE_TOO_LARGE at their positions (``pipelines/parquet_pages.py``).
 - Only files directly inside the snapshot folder named ``*.jsonl``, ``*.jsonl.gz`` or
   ``*.parquet`` are data. ``_SUCCESS`` is the completion marker. Everything else
   (sub-folders, hidden or ``_``-prefixed files, other extensions) is not read and is
@@ -325,7 +327,7 @@ def _parquet_tables(
     """One group per set of Parquet files with identical schema, each with whether it is raw Venice records
     (``is_venice_schema``), and a row ``(file, None, error)`` for each unreadable file.
 
-    With ``max_line_bytes``, the SPEC files' column chunks larger than it have their page headers read
+    With ``max_line_bytes``, the files' column chunks larger than it have their page headers read
     (``pipelines/parquet_pages.py``): a file holding a page over it is guarded, not given to Spark's reader.
     """
     groups: dict[str, list[SnapshotFile]] = {}
