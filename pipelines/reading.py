@@ -95,7 +95,7 @@ from pipelines.venice_frame import (
 from pipelines.venice_values import Limits, PushSettings
 from resources.filesystem import Location
 from resources.snapshots import SUCCESS_MARKER
-from schemas.conform import conform, local_frame
+from schemas.conform import conform, local_frame, quoted
 from schemas.raw import RawTopicSkipped
 
 FORMATS = ("jsonl.gz", "jsonl", "parquet")  # longest suffix first: "x.jsonl.gz" is not "jsonl"
@@ -372,7 +372,7 @@ def _parquet_tables(
 
 def _spec_json(columns: list[str]) -> Column:
     """A SPEC Parquet row rendered as the JSON line it stands for (null columns left out)."""
-    return F.to_json(F.struct(*[F.col("`" + name.replace("`", "``") + "`") for name in columns]), {"ignoreNullFields": "true"})
+    return F.to_json(F.struct(*[F.col(quoted(name)) for name in columns]), {"ignoreNullFields": "true"})
 
 
 def _guarded(spark: SparkSession, folder: str, group: _ParquetGroup) -> DataFrame:

@@ -15,7 +15,8 @@ Gaps (SPEC 3a) are found by the same ordering: the offsets of a version topic ar
 contiguous, so positions between two consecutive positions read that hold nothing are a
 gap (compaction, a quarantined or lost record). Every row carries ``gap_before``, the
 positions missing since the row before it (``gap_start`` the first of them, ``gap_end`` the
-last), and ``missing_before``, the positions missing before it in the whole dump. ``missing_before`` only grows, and it grows exactly at a gap: a gap lies
+last), and ``missing_before``, the positions missing before it in the whole dump.
+``missing_before`` only grows, and it grows exactly at a gap: a gap lies
 between two rows exactly when their ``missing_before`` differ, which is all the later
 stages ask. Positions read that hold no row (raw Venice records skipped by rule) are not
 gaps: ``annotate_segments`` takes them as ``read_positions`` and orders them with the rows.
@@ -115,6 +116,8 @@ def annotate_segments(raw: DataFrame, read_positions: DataFrame | None = None) -
         previous.alias("_previous"),
     )
     at_gap = F.col("gap_before") > 0
+    # Without read positions every position is a row, and the gaps since the row before are the ones right before
+    # it (what ``_gaps_between_rows`` would find, without its two extra windows).
     if read_positions is None:
         annotated = annotated.select(
             "*",
@@ -154,8 +157,6 @@ def _gaps_between_rows(positions: DataFrame, before: Window, upto: Window) -> Da
         F.when(F.col("gap_before") > 0, F.col("_first_start")).alias("gap_start"),
         F.when(F.col("gap_before") > 0, F.col("_last_end")).alias("gap_end"),
     )
-
-    return conform(annotated, HeartbeatSegments.to_structtype())
 
 
 def bound_after_last_row() -> Column:

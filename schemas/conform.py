@@ -37,7 +37,8 @@ _ATOMIC = (
 )
 
 
-def _quoted(name: str) -> str:
+def quoted(name: str) -> str:
+    """``name`` as a column reference Spark reads literally (dots, spaces and backticks in it included)."""
     return "`" + name.replace("`", "``") + "`"
 
 
@@ -64,12 +65,12 @@ def conform(df: DataFrame, struct: T.StructType, columns: Optional[Mapping[str, 
     if all(have.get(f.name) == f.dataType or isinstance(f.dataType, _ATOMIC) for f in struct.fields):
         # As SQL text: one round trip for the whole selection instead of a few per column.
         return df.selectExpr(*[
-            _quoted(f.name) if have.get(f.name) == f.dataType
-            else f"CAST({_quoted(f.name)} AS {f.dataType.simpleString()}) AS {_quoted(f.name)}"
+            quoted(f.name) if have.get(f.name) == f.dataType
+            else f"CAST({quoted(f.name)} AS {f.dataType.simpleString()}) AS {quoted(f.name)}"
             for f in struct.fields
         ])
     return df.select(
-        *[F.col(_quoted(f.name)) if have.get(f.name) == f.dataType else _cast(F.col(_quoted(f.name)), f.dataType).alias(f.name)
+        *[F.col(quoted(f.name)) if have.get(f.name) == f.dataType else _cast(F.col(quoted(f.name)), f.dataType).alias(f.name)
           for f in struct.fields]
     )
 

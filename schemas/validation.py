@@ -30,6 +30,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from schemas.conform import quoted
+
 
 @dataclass(frozen=True)
 class SchemaViolation:
@@ -74,7 +76,7 @@ class DataRule:
 
 
 def _column(name: str) -> Column:
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(quoted(name))
 
 
 def data_rules(model) -> list[DataRule]:
