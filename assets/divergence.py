@@ -1,9 +1,9 @@
 """Stage 4: Leap Frog divergence reports between every pair of replicas (SPEC 4), with carried state.
 
 A snapshot whose dumps continue earlier ones is compared with the state carried over
-from them (``pipelines/state.py``); the state after it is written last, in one commit.
+from them (``pipelines/state/carry.py``); the state after it is written last, in one commit.
 The state it continues is chosen and checked first, and a dump that overlaps it is verified
-against the predecessor's raw rows (``pipelines/state_prior.py``); ``carried_from`` says,
+against the predecessor's raw rows (``pipelines/state/prior.py``); ``carried_from`` says,
 per replica partition, which overlap was verified.
 
 Reading the state stays bounded: only the CONTEXT rows of every snapshot's state are read
@@ -36,9 +36,9 @@ from assets.previews import divergence_by_pair
 from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
 from pipelines.frames import computed_once
 from pipelines.leapfrog import compare, comparison_layout
-from pipelines.state import carry_over, next_state
-from pipelines.state_prior import PriorState, StateRefused, no_prior_state, prior_state, retained_states
-from pipelines.state_rows import CONTEXT, REPLICA_PARTITION
+from pipelines.state.carry import carry_over, next_state
+from pipelines.state.prior import PriorState, StateRefused, no_prior_state, prior_state, retained_states
+from pipelines.state.rows import CONTEXT, REPLICA_PARTITION
 from resources.delta_store import DeltaStore
 from resources.errors import InvalidSetting
 from resources.reports import ReportSettings

@@ -8,24 +8,24 @@ from pyspark.sql import functions as F
 
 from assets.partitions import snapshot_partitions
 from assets.tables import StepTables, schema_check_spec
-from pipelines.accounting import accounting_from_tables
-from pipelines.judging import judge_rows
-from pipelines.reading import (
+from pipelines.ingest.accounting import accounting_from_tables
+from pipelines.ingest.judging import judge_rows
+from pipelines.ingest.reading import (
     VeniceSettings,
     list_snapshot_files,
     read_skipped_positions,
     read_snapshot_lines,
     venice_cluster_ids,
 )
-from pipelines.push_settings import DECLARED_FIELD, carried_from_rows, parse_push_settings
-from pipelines.venice_frame import (
+from pipelines.venice.push_settings import DECLARED_FIELD, carried_from_rows, parse_push_settings
+from pipelines.venice.frame import (
     UNKNOWN_PUSH_SETTINGS,
     CarriedSettings,
     PushResolution,
     unknown_cluster_id_in,
     unknown_cluster_ids_message,
 )
-from pipelines.venice_values import Limits
+from pipelines.venice.values import Limits
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.spark import SparkResource

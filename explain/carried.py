@@ -3,7 +3,7 @@
 A snapshot S whose dump of a replica partition continues an earlier snapshot's state
 (docs/incremental.md) is compared with that state: the key's last version carried from the
 state joins S's rows at its real offset, and S's rows take the stream's bounds. The
-divergence stage computes them with Spark (``pipelines/state.py``, ``carry_over``); for one key,
+divergence stage computes them with Spark (``pipelines/state/carry.py``, ``carry_over``); for one key,
 this module computes the same, in plain Python, from what the tables keep:
 
 - the predecessor's commit context (its ``replica_state`` CONTEXT row: the stream's P,

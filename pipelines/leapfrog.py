@@ -53,7 +53,7 @@ last versions. It returns one row per (pair, key) seen in either replica; Spark 
 names the pairs, decides the verdicts, counts them and looks up the values of the few
 witnesses. The same pass also returns, per key and replica, the key's last version there
 (with the reach of its ⊥ and its highest source offset per region): the replica state
-(``pipelines/state.py``) is built from those rows (``Comparison.last_versions``) instead of
+(``pipelines/state/carry.py``) is built from those rows (``Comparison.last_versions``) instead of
 another exchange and sort-based aggregation of every row. Written as Spark windows, joins
 and aggregates instead (an ordering per region and rank problem, a full join of the two
 sides' keys, four exchanges and checkpoints), the comparison cost more (docs/performance.md,
@@ -86,8 +86,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.state import kept_where_gapped
-from pipelines.state_rows import LAST_VERSION_COLUMNS
+from pipelines.state.carry import kept_where_gapped
+from pipelines.state.rows import LAST_VERSION_COLUMNS
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
 from schemas.conform import conform, local_batches, local_frame
@@ -247,7 +247,7 @@ class _Rows:
 def _last_versions(rows: _Rows, region_names: Sequence[str], schema: pa.Schema, gaps: bool) -> pa.RecordBatch:
     """Per (topic partition, key, replica) group: its last row, ``L`` of its first row, its highest source offsets.
 
-    The replica state's per-key facts (``pipelines/state.py``, ``next_state``), taken from the
+    The replica state's per-key facts (``pipelines/state/carry.py``, ``next_state``), taken from the
     rows this pass holds anyway, where Spark would exchange and aggregate every row again.
     """
     first, last = rows.first, rows.end - 1
@@ -616,7 +616,7 @@ class Comparison:
     version's ``LAST_VERSION`` columns, its ``touch_bound``, ``reach`` and ``missing_before``,
     ``first_lower_bound`` (the reach of ⊥: ``L`` of the key's first row, or ``L`` at the first
     gap before it) and ``touched`` (the highest ``source_offset`` per region of the key's rows), which
-    ``pipelines.state.next_state`` turns into the replica state.
+    ``pipelines.state.carry.next_state`` turns into the replica state.
     """
 
     reports: DataFrame

@@ -13,7 +13,7 @@ import dagster as dg
 from dagster._core.utils import make_new_run_id
 
 from assets.partitions import SNAPSHOTS
-from pipelines.push_settings import parse_push_settings
+from pipelines.venice.push_settings import parse_push_settings
 from replica_lens.executor import execute_here
 from replica_lens.jobs import AUDIT_JOB
 from replica_lens.steps import STEP_INPUTS

@@ -130,7 +130,7 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 def _dump_kafka(args: argparse.Namespace) -> int:
-    from pipelines.kafka_dump import DumpRequest, dump, parse_pairs
+    from pipelines.venice.kafka_dump import DumpRequest, dump, parse_pairs
 
     request = DumpRequest(
         regions=parse_pairs(args.region, "--region"),

@@ -16,7 +16,7 @@ import dagster as dg
 import pyarrow.fs as pafs
 from pydantic import Field
 
-from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES, MAX_MAX_LINE_BYTES, MIN_MAX_LINE_BYTES
+from pipelines.ingest.long_lines import DEFAULT_MAX_LINE_BYTES, MAX_MAX_LINE_BYTES, MIN_MAX_LINE_BYTES
 from resources.errors import InvalidSetting, SnapshotNotReady
 from resources.filesystem import Location
 from resources.settings import whole_number
@@ -130,7 +130,7 @@ class LandingZone(dg.ConfigurableResource):
 
     def limit_settings(self) -> dict[str, int]:
         """The decoder's limits that are set (this resource's fields, else the environment), by the names of
-        ``pipelines.venice_values.Limits``; the others keep the decoder's defaults."""
+        ``pipelines.venice.values.Limits``; the others keep the decoder's defaults."""
         out = {}
         for name, env in (("max_value_bytes", MAX_VALUE_BYTES_ENV), ("max_chunks", MAX_CHUNKS_ENV)):
             value = getattr(self, name)
@@ -144,7 +144,7 @@ class LandingZone(dg.ConfigurableResource):
 
     def push_settings_file(self) -> Optional[str]:
         """The configured Venice push settings file (this resource's setting, else the environment's), or None;
-        ``pipelines.push_settings.parse_push_settings`` reads it."""
+        ``pipelines.venice.push_settings.parse_push_settings`` reads it."""
         path = self.venice_push_settings if self.venice_push_settings is not None else os.environ.get(PUSH_SETTINGS_ENV)
         return path or None
 

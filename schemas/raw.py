@@ -66,9 +66,9 @@ FORBIDDEN_BY_KIND: dict[str, tuple[str, ...]] = {
 # of these that applies and ``detail`` lists every problem found.
 QUARANTINE_REASONS = (
     "UNREADABLE_FILE",
-    # A JSONL line longer than the line limit (pipelines/long_lines.py): raw keeps its first bytes only.
+    # A JSONL line longer than the line limit (pipelines/ingest/long_lines.py): raw keeps its first bytes only.
     "LINE_TOO_LONG",
-    # A SPEC Parquet row in a row group holding a page over the line limit (pipelines/parquet_pages.py).
+    # A SPEC Parquet row in a row group holding a page over the line limit (pipelines/ingest/parquet_pages.py).
     "PAGE_TOO_LARGE",
     "MALFORMED_JSON",
     "MISSING_FIELD",
@@ -77,7 +77,7 @@ QUARANTINE_REASONS = (
     "NEGATIVE_VALUE",
     "UNEXPECTED_FIELD",
     "CONFLICTING_POSITION",
-    # Raw Venice records the decoder cannot use (pipelines/venice.py, docs/venice-input.md).
+    # Raw Venice records the decoder cannot use (pipelines/venice/decoder.py, docs/venice-input.md).
     "MALFORMED_RECORD",
     "UNKNOWN_PROTOCOL_VERSION",
     "UPDATE_NOT_APPLIED",

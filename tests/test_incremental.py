@@ -1,4 +1,4 @@
-"""Incremental audits: state carried from one snapshot of a stream to the next (pipelines/state.py).
+"""Incremental audits: state carried from one snapshot of a stream to the next (pipelines/state/carry.py).
 
 Continuing snapshots are made by cutting streams by offset: S1 holds each replica
 partition's rows below its cut (with START_OF_PUSH), S2 the rest, as a later mid-stream
@@ -32,7 +32,7 @@ from explain.reading import explain_key, input_of
 from explain.text import render_text
 from pipelines.leapfrog import compare, compare_replicas
 from pipelines.segments import annotate_segments, summarize_segments
-from pipelines.state import (
+from pipelines.state.carry import (
     CONTEXT,
     VERSION,
     PriorState,

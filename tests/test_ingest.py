@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-import pipelines.judging as judging_module
+import pipelines.ingest.judging as judging_module
 from pipelines.frames import observed
 from pipelines.ingest import (
     LINES_SCHEMA,
@@ -723,7 +723,7 @@ def test_gzip_lines_cross_chunk_and_member_boundaries(tmp_path, monkeypatch):
     """
     from pyarrow import fs as pafs
 
-    import pipelines.gzip_lines as gz
+    import pipelines.ingest.gzip_lines as gz
 
     monkeypatch.setattr(gz, "_CHUNK", 3)
     text = b'\xef\xbb\xbf{"a": 1}\r\n \t\n{"b":\r2}\n\n{"c": 3}'

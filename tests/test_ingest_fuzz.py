@@ -2,7 +2,7 @@
 accepted (by ``copies``) or quarantined, and what is accepted fits the model.
 
 The expected row count is computed here from the bytes written, by the rule of
-pipelines/reading.py's docstring: a JSONL line ends at LF (a CR before it belongs to the
+pipelines/ingest/reading.py's docstring: a JSONL line ends at LF (a CR before it belongs to the
 CRLF ending), a UTF-8 BOM opening a file is dropped, and a line of only ASCII whitespace is
 blank; every other line is a row. A Parquet row is a row; an unreadable file, or the
 unreadable rest of a broken gzip file, is one row.
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
 from pipelines.ingest import accounting_from_tables, judge_rows, read_snapshot_lines, validate_rows
-from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES, LINE_TOO_LONG, PREFIX_BYTES
+from pipelines.ingest.long_lines import DEFAULT_MAX_LINE_BYTES, LINE_TOO_LONG, PREFIX_BYTES
 from schemas.raw import KINDS, MESSAGE_FIELDS, NON_NEGATIVE, QUARANTINE_REASONS, RawTopicQuarantine, RawTopicSnapshots
 from schemas.validation import validation_errors
 from tests.examples import examples

@@ -14,8 +14,8 @@ import pytest
 from pyspark.sql import types as T
 
 from pipelines.ingest import VeniceSettings, judge_rows, read_snapshot_lines
-from pipelines.kafka_dump import DumpRequest, kafka_source_to_snapshot, land_snapshot, parse_pairs, reader_options
-from pipelines.venice import encode_record
+from pipelines.venice.kafka_dump import DumpRequest, kafka_source_to_snapshot, land_snapshot, parse_pairs, reader_options
+from pipelines.venice.decoder import encode_record
 from replica_lens.cli import EXIT_USAGE, main
 from resources.errors import InvalidSetting, UsageError
 from tests.test_venice_ingest import CLUSTERS, REGIONS, U, spec_rows

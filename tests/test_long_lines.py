@@ -1,5 +1,5 @@
-"""JSONL lines over the line limit, on the executors' side and without Spark (``pipelines/long_lines.py``,
-``pipelines/gzip_lines.py``): found where they stand, kept as a prefix, never held whole.
+"""JSONL lines over the line limit, on the executors' side and without Spark (``pipelines/ingest/long_lines.py``,
+``pipelines/ingest/gzip_lines.py``): found where they stand, kept as a prefix, never held whole.
 
 The Spark side (which files go to which reader, the rows judged LINE_TOO_LONG and accounted) is in
 tests/test_ingest_fuzz.py, whose generated snapshots draw small line limits on every reader's path.
@@ -14,9 +14,9 @@ import pyarrow.fs as pafs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pipelines.gzip_lines as gz
-from pipelines.gzip_lines import UTF8_BOM, has_long_line
-from pipelines.long_lines import LINE_TOO_LONG, PREFIX_BYTES, LongLine, find_long_lines
+import pipelines.ingest.gzip_lines as gz
+from pipelines.ingest.gzip_lines import UTF8_BOM, has_long_line
+from pipelines.ingest.long_lines import LINE_TOO_LONG, PREFIX_BYTES, LongLine, find_long_lines
 from tests.examples import examples
 
 BLANK = b" \t\n\x0b\f\r"
@@ -153,7 +153,7 @@ def test_the_line_limit_comes_from_the_landing_resource_or_the_environment_withi
     import pydantic
     import pytest
 
-    from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES, MAX_MAX_LINE_BYTES
+    from pipelines.ingest.long_lines import DEFAULT_MAX_LINE_BYTES, MAX_MAX_LINE_BYTES
     from resources.errors import InvalidSetting
     from resources.landing import MAX_LINE_BYTES_ENV, LandingZone
 

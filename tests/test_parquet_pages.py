@@ -1,4 +1,4 @@
-"""Parquet pages over the line limit (pipelines/parquet_pages.py), found from page headers and read around, no Spark.
+"""Parquet pages over the line limit (pipelines/ingest/parquet_pages.py), found from page headers and read around, no Spark.
 
 The files are written by pyarrow with a page cut after every value (``write_batch_size=1``,
 ``data_page_size=1``), so each value's page holds it alone: a row group has a page over the
@@ -18,7 +18,7 @@ from pyarrow import fs as pafs
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from pipelines.parquet_pages import (
+from pipelines.ingest.parquet_pages import (
     LARGE_PAGE_FIELD,
     PAGE_TOO_LARGE,
     UNREADABLE_FIELD,
@@ -109,7 +109,7 @@ def test_a_page_header_longer_than_its_first_window_is_read_whole(monkeypatch):
     # Catches: a header cut at the window's end parsed as it stands (pyarrow writes a page's statistics, its
     # min and max value, into the header: a long value makes a long header), so the next page is looked for
     # at a wrong offset and the file called unreadable, or its large page missed.
-    monkeypatch.setattr("pipelines.parquet_pages.HEADER_WINDOW", 64)
+    monkeypatch.setattr("pipelines.ingest.parquet_pages.HEADER_WINDOW", 64)
     file = io.BytesIO(_written([LIMIT * 2, 3, LIMIT // 2], 3, "snappy"))
     (page,) = large_pages(file, pq.read_metadata(file), LIMIT)
     assert (page.row_group, page.column) == (0, "value")
@@ -155,7 +155,7 @@ def test_a_row_group_that_does_not_convert_is_one_row_saying_so(tmp_path):
 def test_a_parquet_file_nested_deeper_than_its_reader_takes_is_one_unreadable_row(tmp_path):
     # Catches: a schema nested past pyarrow's depth limit (100 levels) raising out of the footer read and stopping
     # the audit, instead of the file becoming one UNREADABLE_FILE row that says why (no Spark is involved).
-    from pipelines.reading import SnapshotFile, _parquet_tables
+    from pipelines.ingest.reading import SnapshotFile, _parquet_tables
 
     nested, value = pa.int64(), 1
     for _ in range(60):  # a list is two levels

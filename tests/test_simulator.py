@@ -383,8 +383,8 @@ def test_venice_kafka_writes_kafka_source_files_and_exporter_positions_beside_th
     """Catches a Venice file the ingestion would not recognize (wrong columns or types), exporter positions
     lost for want of a Venice record, or a ground truth without the settings its audit needs."""
     from pipelines.ingest import is_venice_schema
-    from pipelines.venice_values import PushSettings
-    from pipelines.push_settings import parse_push_settings
+    from pipelines.venice.values import PushSettings
+    from pipelines.venice.push_settings import parse_push_settings
 
     summary = simulate(tmp_path, "v", SimulationConfig(**SMALL, file_format="venice-kafka"))
     folder = Path(summary["snapshot_dir"])

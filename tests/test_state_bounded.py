@@ -28,7 +28,7 @@ from assets.divergence import (
 )
 from assets.tables import read_stage
 from pipelines.leapfrog import compare_replicas
-from pipelines.state import CONTEXT, PriorState, carry_over, next_state, prior_state, retained_states
+from pipelines.state.carry import CONTEXT, PriorState, carry_over, next_state, prior_state, retained_states
 from replica_lens.cli import build_parser
 from resources.delta_store import DeltaStore
 from resources.errors import InvalidSetting

@@ -125,7 +125,7 @@ def test_a_landing_on_s3_is_listed_through_the_filesystem_layer(s3_options, monk
 
 def test_gzip_and_parquet_footers_are_read_through_the_layer(s3_options, monkeypatch):
     """Catches the gzip reader opening a URI with ``open``: every file looked broken."""
-    from pipelines.gzip_lines import gzip_file_batches
+    from pipelines.ingest.gzip_lines import gzip_file_batches
 
     monkeypatch.setenv(STORAGE_OPTIONS_ENV, json.dumps(s3_options))
     fs = _s3(s3_options)

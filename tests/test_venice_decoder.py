@@ -1,6 +1,6 @@
-"""pipelines/venice.py: round trips (hypothesis), byte fixtures written without the encoder, and
+"""pipelines/venice/decoder.py: round trips (hypothesis), byte fixtures written without the encoder, and
 envelopes spelled out byte by byte (Avro binary encoding by hand) so that the project's own
-schemas (pipelines/venice_protocol.py) are checked against the wire, not against themselves."""
+schemas (pipelines/venice/protocol.py) are checked against the wire, not against themselves."""
 from __future__ import annotations
 
 import base64
@@ -11,9 +11,9 @@ import pytest
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from hypothesis import given, settings, strategies as st
 
-from pipelines.venice import UnknownClusterId, decode_record, encode_record
-from pipelines.venice_protocol import envelope_schema_dict
-from pipelines.venice_values import PushSettings
+from pipelines.venice.decoder import UnknownClusterId, decode_record, encode_record
+from pipelines.venice.protocol import envelope_schema_dict
+from pipelines.venice.values import PushSettings
 from tests.examples import examples
 
 NS = "com.linkedin.venice.kafka.protocol."
@@ -67,7 +67,7 @@ PUBLISHED_FINGERPRINTS = {10: "d97b1ba72ba42723", 11: "8351dfe71de04587", 12: "4
 
 @pytest.mark.parametrize("v", sorted(PUBLISHED_FINGERPRINTS))
 def test_schema_matches_published_protocol(v):
-    # Catches any structural slip in pipelines/venice_protocol.py: a field out of order, a
+    # Catches any structural slip in pipelines/venice/protocol.py: a field out of order, a
     # wrong type or union branch order, a fixed size, a name (canonical form keeps all of them).
     canonical = to_parsing_canonical_form(schema(v))
     assert fingerprint(canonical, "CRC-64-AVRO") == PUBLISHED_FINGERPRINTS[v]
@@ -269,7 +269,7 @@ def test_round_trip(vr):
 def test_decode_venice_frame_accounts_for_every_row(spark):
     import datetime as dt
 
-    from pipelines.venice_frame import decode_venice_frame
+    from pipelines.venice.frame import decode_venice_frame
 
     recs = []
     rows_in = [

@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 
 from pipelines.ingest import VeniceSettings, accounting_from_tables, judge_rows, read_snapshot_lines
 from pipelines.leapfrog import compare_replicas
-from pipelines.reading import read_skipped_positions
+from pipelines.ingest.reading import read_skipped_positions
 from pipelines.segments import annotate_segments, summarize_segments
-from pipelines.venice_frame import unknown_cluster_id_in
+from pipelines.venice.frame import unknown_cluster_id_in
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from resources.landing import parse_cluster_regions
 from replica_lens.simulator import SimulationConfig, simulate

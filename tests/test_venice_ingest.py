@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.ingest import VeniceSettings, accounting_from_tables, judge_rows, read_snapshot_lines
-from pipelines.venice import encode_record, envelope_schema
+from pipelines.venice.decoder import encode_record, envelope_schema
 from resources.errors import InvalidSetting
 from resources.landing import parse_cluster_regions
 
@@ -206,7 +206,7 @@ def test_a_mid_stream_chunked_dump_needs_push_settings_and_names_missing_chunks(
     import json
 
     from replica_lens.simulator import SimulationConfig, simulate
-    from pipelines.push_settings import parse_push_settings
+    from pipelines.venice.push_settings import parse_push_settings
 
     # The cut at 146 falls inside a chunked value in both replicas (its chunks before, its manifest after).
     config = SimulationConfig(seed=5, regions=2, partitions=1, keys=30, writes=600, file_format="venice-kafka",
@@ -243,8 +243,8 @@ def test_a_mid_stream_chunked_dump_needs_push_settings_and_names_missing_chunks(
 def test_push_settings_file_is_parsed_strictly(tmp_path):
     """Catches a typo in the settings file (an unknown strategy, a missing dictionary, an unknown field) read as
     some default, which would store compressed bytes as values."""
-    from pipelines.venice_values import GZIP, ZSTD_WITH_DICT, PushSettings
-    from pipelines.push_settings import parse_push_settings
+    from pipelines.venice.values import GZIP, ZSTD_WITH_DICT, PushSettings
+    from pipelines.venice.push_settings import parse_push_settings
 
     (tmp_path / "v7.dict").write_bytes(b"DICT")
     good = tmp_path / "good.json"
@@ -265,9 +265,9 @@ def test_push_settings_file_is_parsed_strictly(tmp_path):
 
 def test_push_settings_reach_the_landing_resource_from_its_field_or_the_environment(tmp_path, monkeypatch):
     """Catches REPLICA_LENS_VENICE_PUSH_SETTINGS (or the resource's field, which wins) not reaching the ingestion."""
-    from pipelines.venice_values import GZIP, NO_OP, PushSettings
+    from pipelines.venice.values import GZIP, NO_OP, PushSettings
     from resources.landing import LandingZone
-    from pipelines.push_settings import parse_push_settings
+    from pipelines.venice.push_settings import parse_push_settings
     from resources.landing import PUSH_SETTINGS_ENV
 
     (tmp_path / "env.json").write_text('{"a_v1": {"compression": "GZIP"}}')
@@ -302,7 +302,7 @@ def test_values_over_the_limits_are_quarantined_with_their_positions_and_every_r
     position (an invisible gap), one that vanishes from the accounting, and a limit applied to the compressed size."""
     import json
 
-    from pipelines.venice_values import Limits
+    from pipelines.venice.values import Limits
     from replica_lens.simulator import SimulationConfig, simulate
 
     config = SimulationConfig(seed=5, regions=2, partitions=1, keys=30, writes=300, file_format="venice-kafka",
@@ -342,7 +342,7 @@ def test_a_row_group_holding_a_page_over_the_line_limit_is_quarantined_and_the_r
     import json
     import shutil
 
-    from pipelines.reading import read_skipped_positions
+    from pipelines.ingest.reading import read_skipped_positions
     from replica_lens.simulator import SimulationConfig, simulate
 
     config = SimulationConfig(seed=8, regions=2, partitions=1, keys=20, writes=120, file_format="venice-kafka",
@@ -442,8 +442,8 @@ def test_push_settings_come_from_the_snapshot_then_the_file_then_earlier_snapsho
 ):
     """Catches the file or an earlier snapshot overriding the snapshot's own START_OF_PUSH, a disagreement between
     them passing unreported, and earlier snapshots that disagree among themselves taken at random."""
-    from pipelines.venice_frame import resolve_push_settings
-    from pipelines.venice_values import GZIP, NO_OP, ZSTD, PushSettings
+    from pipelines.venice.frame import resolve_push_settings
+    from pipelines.venice.values import GZIP, NO_OP, ZSTD, PushSettings
 
     gzip_push = PushSettings(False, GZIP)
     rows = spec_rows("dc-a")  # START_OF_PUSH (GZIP) and data of TOPIC; data only of "t2", "t3" and "t4"
@@ -473,7 +473,7 @@ def test_a_value_at_the_default_limit_passes_whole_through_spark_and_one_byte_mo
     (Jackson's 20-million-character strings quarantined a 16 MiB value as MALFORMED_JSON, without its position)."""
     import hashlib
 
-    from pipelines.venice_values import DEFAULT_MAX_VALUE_BYTES, GZIP, MAX_SUPPORTED_VALUE_BYTES, Limits, PushSettings
+    from pipelines.venice.values import DEFAULT_MAX_VALUE_BYTES, GZIP, MAX_SUPPORTED_VALUE_BYTES, Limits, PushSettings
 
     push = PushSettings(False, GZIP)
     base = {"replica": "dc-a", "topic": TOPIC, "partition": 0}

@@ -14,7 +14,7 @@ import base64
 
 import pytest
 
-from pipelines.venice import decode_record, encode_record, rmd_write_ts
+from pipelines.venice.decoder import decode_record, encode_record, rmd_write_ts
 
 CLUSTERS = {0: "dc-a", 3: "dc-b", 7: "dc-c"}
 BASE = {"replica": "dc-a", "topic": "s_v3", "partition": 2, "offset": 11}

@@ -1,4 +1,4 @@
-"""Compressed and chunked Venice values (pipelines/venice_values.py, pipelines/venice.py), decoded from bytes
+"""Compressed and chunked Venice values (pipelines/venice/values.py, pipelines/venice/decoder.py), decoded from bytes
 written by hand: gzip members from the standard library, zstd frames from the zstandard package, chunk
 suffixes and manifests spelled out byte by byte in Avro binary. So the decoder is checked against the
 wire format, not against the project's own encoder. No Spark."""
@@ -13,10 +13,10 @@ import pytest
 import zstandard
 from hypothesis import given, settings, strategies as st
 
-from pipelines import venice
-from pipelines.venice_protocol import envelope_schema_dict
+from pipelines.venice import decoder as venice
+from pipelines.venice.protocol import envelope_schema_dict
 from tests.examples import examples
-from pipelines.venice_values import (
+from pipelines.venice.values import (
     GZIP, NO_OP, ZSTD_WITH_DICT, Limits, PushSettings, decode_manifest, encode_manifest, rmd_manifest,
 )
 
@@ -198,13 +198,13 @@ def test_leadership_stamp_is_recognized_by_its_key():
 
 
 def test_the_decoder_ships_to_the_executors_after_the_driver_decompressed():
-    """Spark pickles pipelines/venice.py and venice_values.py by value. Catches a decompressor cached at module
+    """Spark pickles pipelines/venice/decoder.py and venice_values.py by value. Catches a decompressor cached at module
     level (a C object) making every later decoding job fail to serialize once the driver has decompressed a
     zstd value (as a test, the simulator or a notebook in the same process does)."""
     from pyspark import cloudpickle
 
-    import pipelines.venice_frame  # noqa: F401 - registers the modules to be pickled by value
-    from pipelines import venice_values
+    import pipelines.venice.frame  # noqa: F401 - registers the modules to be pickled by value
+    from pipelines.venice import values as venice_values
 
     dictionary = zstandard.train_dictionary(512, [bytes([i % 256, i // 256]) + b"abc" * 9 for i in range(300)]).as_bytes()
     settings = PushSettings(False, ZSTD_WITH_DICT, dictionary)
@@ -283,7 +283,7 @@ def test_decoded_rows_go_back_to_spark_in_batches_bounded_by_their_value_bytes()
     held whole: 10000 records of a few MiB each, several GiB in the Python worker and the JVM at once."""
     import pyarrow as pa
 
-    from pipelines.venice_frame import OUTPUT_BATCH_BYTES, _bounded_batches
+    from pipelines.venice.frame import OUTPUT_BATCH_BYTES, _bounded_batches
 
     schema = pa.schema([("offset", pa.int64()), ("value", pa.string()), ("chunk_bytes", pa.binary()),
                         ("record_json", pa.string())])
@@ -305,8 +305,8 @@ def test_decoded_rows_go_back_to_spark_in_batches_bounded_by_their_value_bytes()
 def _fuzz_records() -> list[tuple[bytes, bytes, PushSettings]]:
     """Real encoded records (key, value, the version's settings): PUTs compressed each way, a DELETE, a heartbeat,
     a START_OF_PUSH, and a chunked value's chunks and manifest."""
-    from pipelines.venice import encode_record
-    from pipelines.venice_values import ZSTD
+    from pipelines.venice.decoder import encode_record
+    from pipelines.venice.values import ZSTD
 
     regions = {"dc-a": 0, "dc-b": 3}
     base = {"replica": "dc-a", "topic": "s_v3", "partition": 0, "source_region": "dc-b", "leader_epoch": 2}

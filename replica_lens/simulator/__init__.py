@@ -75,7 +75,7 @@ from replica_lens.simulator.venice import (
     venice_value_bytes,
 )
 from resources.errors import UsageError
-from pipelines.push_settings import push_settings_document
+from pipelines.venice.push_settings import push_settings_document
 from resources.snapshots import SUCCESS_MARKER, check_snapshot_id
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Raw Venice records of a simulation (``--format venice-kafka``, docs/venice-input.md): the
 Parquet schema of Spark's Kafka source, how simulated keys, values and regions look in the
 records, the version's push settings, and ``_VeniceSink``, which writes one replica
-partition's records (encoded by ``pipelines/venice.py``)."""
+partition's records (encoded by ``pipelines/venice/decoder.py``)."""
 from __future__ import annotations
 
 import base64
@@ -70,7 +70,7 @@ def venice_value(value: str, chunk_above: Optional[int] = None) -> str:
 def venice_push_settings(config: SimulationConfig):
     """The PushSettings every START_OF_PUSH of a venice-kafka simulation declares. zstd-dict trains its
     dictionary on values shaped like the simulation's (deterministic: the same options give the same bytes)."""
-    from pipelines import venice_values
+    from pipelines.venice import values as venice_values
 
     compression = {None: venice_values.NO_OP, "gzip": venice_values.GZIP,
                    "zstd-dict": venice_values.ZSTD_WITH_DICT}[config.compression]
@@ -85,7 +85,7 @@ def venice_push_settings(config: SimulationConfig):
 
 
 class _VeniceSink(_ArrowSink):
-    """Raw Venice records of one replica's version-topic partition (``pipelines/venice.py`` encodes them,
+    """Raw Venice records of one replica's version-topic partition (``pipelines/venice/decoder.py`` encodes them,
     protocol version 14): ``{stem}.NNNNN.kafka.parquet``. Exporter positions have no Venice record, so they
     go to SPEC Parquet files beside them (``{stem}.exporters.NNNNN.parquet``).
 
@@ -107,7 +107,7 @@ class _VeniceSink(_ArrowSink):
     def __init__(self, folder, replica, topic, partition, config, regions: list[str], push):
         constants = {"topic": topic, "partition": partition, "timestampType": 0, "headers": [], "region": replica}
         super().__init__(folder, replica, topic, partition, config, kafka_source_schema(), constants)
-        from pipelines import venice, venice_values
+        from pipelines.venice import decoder as venice, values as venice_values
 
         self.venice, self.values = venice, venice_values
         self.clusters = {name: i for i, name in enumerate(regions)}

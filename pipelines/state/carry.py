@@ -5,13 +5,13 @@ dump audited earlier (a mid-stream dump taken later of the same version topic). 
 keys last written before it would then be invisible to the Leap Frog comparison. The
 *state* after auditing a snapshot keeps, per replica partition, each key's last version
 and one *commit context*: the rows of snapshot S's partition of ``replica_state``
-(``pipelines/state_rows.py``: their kinds, columns and checksum).
+(``pipelines/state/rows.py``: their kinds, columns and checksum).
 
 This module is what the divergence stage does with the state: ``carry_over`` continues
 S's watermarks from the state S continues, and ``next_state`` builds the state after S
 (each key's last version and one context per replica partition, written in one Delta
 commit). Which state S continues, verified and checked, and which states are kept
-(retention) is ``pipelines/state_prior.py``; its names stay importable from here.
+(retention) is ``pipelines/state/prior.py``; its names stay importable from here.
 
 What is carried
 ---------------
@@ -54,7 +54,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.state_prior import (
+from pipelines.state.prior import (
     MAX_LISTED,
     PROBLEMS,
     PriorState,
@@ -66,7 +66,7 @@ from pipelines.state_prior import (
     prior_state,
     retained_states,
 )
-from pipelines.state_rows import (
+from pipelines.state.rows import (
     CONTEXT,
     LAST_VERSION_COLUMNS,
     REPLICA_PARTITION,

@@ -3,8 +3,8 @@
 ``replica-lens dump-kafka`` reads each region's version topics with Spark's Kafka source
 (``spark.read.format("kafka")``, a batch read between two offset specifications) and lands
 them as Parquet with the Kafka source's columns plus ``region``: exactly the files ingestion
-recognizes as raw Venice records (``pipelines/reading.py``, ``is_venice_schema``) and decodes
-with the same decoder (``pipelines/venice_frame.py``). ``replica-lens audit`` then audits the
+recognizes as raw Venice records (``pipelines/ingest/reading.py``, ``is_venice_schema``) and decodes
+with the same decoder (``pipelines/venice/frame.py``). ``replica-lens audit`` then audits the
 snapshot like any other.
 
 Why a dump lands a snapshot instead of the audit reading the brokers itself: a snapshot is

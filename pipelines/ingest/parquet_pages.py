@@ -4,7 +4,7 @@ Every Parquet reader (Spark's, pyarrow's) decompresses a page whole, and a value
 pages: a page holding one value of a gigabyte (a few kilobytes once compressed) costs an
 executor a gigabyte or more, whatever the file's size on disk, and took the whole audit down
 with it. A SPEC Parquet row is judged as the JSON line it renders to, so the line limit
-(``max_line_bytes``, pipelines/long_lines.py) bounds its pages too. Writers aim at pages of about
+(``max_line_bytes``, pipelines/ingest/long_lines.py) bounds its pages too. Writers aim at pages of about
 1 MiB but look at the size only every 100 rows (parquet-mr) or 1024 (pyarrow): a page over 64 MiB
 takes one value near that size, or values averaging over 64 KiB (then raise the limit: reading
 that page costs its size, as it always did).

@@ -6,8 +6,8 @@ Precisely:
               = rows_accepted (sum of ``copies``) + rows_quarantined (rows of the quarantine)
                 + rows_skipped (raw Venice records skipped by rule: rows of ``raw_topic_skipped``)
 
-The first line is what ``pipelines.reading`` reads (a blank line is not a row); the second is
-what ``accounting_from_tables`` counts from the tables of ``pipelines.judging``'s
+The first line is what ``pipelines.ingest.reading`` reads (a blank line is not a row); the second is
+what ``accounting_from_tables`` counts from the tables of ``pipelines.ingest.judging``'s
 ``Judgement`` (the skipped records from ``Judgement.skipped_by_reason``), in all and per
 replica. A quarantined row names a position lost to the quarantine, a gap of one position:
 ``quarantined_positions`` counts the distinct ones.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from pipelines.judging import QUARANTINE_POSITION
+from pipelines.ingest.judging import QUARANTINE_POSITION
 
 UNKNOWN_REPLICA = "<unknown>"
 

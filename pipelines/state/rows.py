@@ -4,12 +4,12 @@ The *state* after auditing a snapshot S keeps, per (replica, topic, partition), 
 last version (a VERSION row) and one *commit context* (a CONTEXT row; Varlog's design:
 only the latest context, stored atomically with the state it describes, and checked
 against it before use). Both are the rows of snapshot S's partition of
-``replica_state``, written in one Delta commit (``pipelines/state.py``, ``next_state``).
+``replica_state``, written in one Delta commit (``pipelines/state/carry.py``, ``next_state``).
 
 A context's ``state_rows`` is the count of its VERSION rows and ``state_checksum`` the
 sum, modulo 2^64 as a signed long, of ``xxhash64`` over every VERSION column (vectors as
 their entries sorted by region), which no order of the rows changes (``version_hash``,
-``checksum``). ``pipelines/state_prior.py`` checks a context against them before its
+``checksum``). ``pipelines/state/prior.py`` checks a context against them before its
 state is used.
 """
 from __future__ import annotations

@@ -3,11 +3,11 @@
 A line is the bytes before its LF (a CR before the LF counts; a UTF-8 BOM opening the file
 does not). One longer than ``max_line_bytes`` is never held whole by any reader:
 
-- ``*.jsonl.gz``, and ``*.jsonl`` files that hold such a line: ``pipelines/gzip_lines.py``
+- ``*.jsonl.gz``, and ``*.jsonl`` files that hold such a line: ``pipelines/ingest/gzip_lines.py``
   splits the lines itself, a chunk at a time, and past the limit keeps only the line's first
   ``PREFIX_BYTES`` bytes and counts the rest (``LongLine``).
 - Which plain files hold one is found first (``find_long_lines`` through
-  ``pipelines.gzip_lines.has_long_line``, one task per file larger than the limit: a smaller
+  ``pipelines.ingest.gzip_lines.has_long_line``, one task per file larger than the limit: a smaller
   one cannot hold such a line): each is scanned a chunk at a time, looking
   only for LFs, and stops at the first long line. The other plain files go to Spark's text
   reader, which holds each line whole. (Hadoop's own ``line.maxlength`` is no way out: when a

@@ -1,7 +1,7 @@
 """Judging read lines against SPEC section 1: accepted rows, quarantined rows, and what the accepted pass saw.
 
 ``judge_rows`` (``validate_rows`` for the two frames alone) judges the text rows of
-``pipelines.reading`` (``LINES_SCHEMA``) whatever file format they came from: one validation
+``pipelines.ingest.reading`` (``LINES_SCHEMA``) whatever file format they came from: one validation
 path for every format, so a Parquet column whose type differs from SPEC 1 (an offset stored
 as a string, a float partition) shows up as BAD_TYPE on each row, exactly as the same JSON
 line would. It gives a ``Judgement``: the accepted rows (RawTopicSnapshots), the quarantined
@@ -13,12 +13,12 @@ Raw Venice records (decoded by the reading, ``decoded_reason``): one the decoder
 carries its reason (``decoded_reason``) into the quarantine; one it skips by rule
 (``schemas.raw.SKIP_REASONS``) is dropped before judging and counted by an observation of the
 accepted pass (``Judgement.skipped_by_reason``); its position is read again by
-``pipelines.reading.read_skipped_positions``.
+``pipelines.ingest.reading.read_skipped_positions``.
 
 A quarantined row keeps the position it names (``replica``, ``topic``, ``partition``,
 ``offset`` of RawTopicQuarantine, each when it has the field's JSON type; ``RAW_POSITION``):
 a position lost to the quarantine, a gap of one position (``quarantined_positions`` of
-``pipelines.accounting``).
+``pipelines.ingest.accounting``).
 
 Known limits: Spark's JSON parser ignores text after the closing ``]`` of an enclosing
 array, so a line ``{...}] tail`` is accepted with its tail ignored (``{...}{...}``,
@@ -36,8 +36,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import observed
-from pipelines.venice_frame import REASON_DETAIL
-from pipelines.venice_values import VARIANT_SIZE_LIMIT
+from pipelines.venice.frame import REASON_DETAIL
+from pipelines.venice.values import VARIANT_SIZE_LIMIT
 from schemas.conform import conform, local_frame
 from schemas.raw import (
     SKIP_REASONS,
@@ -53,7 +53,7 @@ from schemas.raw import (
 
 # Spark's JSON parser is lenient by default; a message is strict JSON. Its strings may be as long as a Variant holds
 # (the fields pass through one below), not only Jackson's default 20 million characters: a decoded Venice value
-# up to the decoder's limit is base64 text here (pipelines/venice_values.py, MAX_SUPPORTED_VALUE_BYTES).
+# up to the decoder's limit is base64 text here (pipelines/venice/values.py, MAX_SUPPORTED_VALUE_BYTES).
 _JSON_OPTIONS = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false", "allowComments": "false",
                  "maxStringLen": str(VARIANT_SIZE_LIMIT)}
 _STRING_FIELDS = tuple(name for name, t in MESSAGE_FIELDS.items() if isinstance(t, T.StringType))

@@ -1,6 +1,6 @@
 """How a Venice store version writes its values: compression, chunking and the push settings that say which.
 
-Pure functions, used by the decoder (``pipelines.venice``) on the executors and by the encoder
+Pure functions, used by the decoder (``pipelines.venice.decoder``) on the executors and by the encoder
 (tests, simulator). Facts from linkedin/venice at 77ea837f (``internal/venice-common`` and
 ``internal/venice-client-common``):
 
@@ -73,7 +73,7 @@ class PushSettings(NamedTuple):
         return f"{name}{', chunked' if self.chunked else ''}"
 
     def as_entry(self) -> dict:
-        """These settings as one topic's entry of the push settings file (``pipelines/push_settings.py``)."""
+        """These settings as one topic's entry of the push settings file (``pipelines/venice/push_settings.py``)."""
         entry: dict = {"compression": COMPRESSION_NAMES.get(self.compression, str(self.compression)),
                        "chunked": self.chunked}
         if self.dictionary:
@@ -91,7 +91,7 @@ NOT_DECLARED = PushSettings()
 # (VeniceWriter.DEFAULT_MAX_SIZE_FOR_USER_PAYLOAD_PER_MESSAGE_IN_BYTES): 100 MiB is 108 chunks, so a manifest
 # listing ten thousand is no manifest Venice wrote, and each listed key is a row of the chunk join.
 VENICE_MAX_RECORD_BYTES = 100 * 1024 * 1024
-# Every decoded record is judged as one JSON object (pipelines/judging.py) whose fields pass through a Spark
+# Every decoded record is judged as one JSON object (pipelines/ingest/judging.py) whose fields pass through a Spark
 # Variant, which holds at most 128 MiB (VariantUtil.SIZE_LIMIT); the value is base64 text there (4 characters per
 # 3 bytes) beside the record's other fields. So the largest value a record carries whole is about 96 MiB: the
 # limit is never set above it.
@@ -193,7 +193,7 @@ def _bounded_read(stream, limit: int) -> bytes:
 
 class _PerProcess(dict):
     """A cache that starts empty in every process: Spark ships this module to the executors by value
-    (pipelines/venice_frame.py), and a decompressor, a C object, cannot be pickled with it."""
+    (pipelines/venice/frame.py), and a decompressor, a C object, cannot be pickled with it."""
 
     def __reduce__(self):
         return (_PerProcess, ())

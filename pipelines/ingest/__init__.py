@@ -2,26 +2,26 @@
 
 Three steps, read -> judge -> account, one module each:
 
-- ``pipelines/reading.py`` reads the folder: it lists the files (``list_snapshot_files``:
+- ``pipelines/ingest/reading.py`` reads the folder: it lists the files (``list_snapshot_files``:
   ``*.jsonl``, ``*.jsonl.gz``, ``*.parquet``) and turns every one into text lines
   ``(source_file, raw, read_error, decoded_reason)`` (``read_snapshot_lines``): a JSONL line as
   it is, a Parquet row as a JSON object, raw Venice records decoded by
-  ``pipelines/venice_frame.py``, one row per unreadable file (or unreadable tail). The JSONL
+  ``pipelines/venice/frame.py``, one row per unreadable file (or unreadable tail). The JSONL
   line rules (what ends a line, what is blank) and where each part of the work runs are told
   there. ``read_skipped_positions`` reads the positions of the raw Venice records skipped by
   rule, for ``raw_topic_skipped``.
-- ``pipelines/judging.py`` judges the lines against SPEC 1, one validation path for every
+- ``pipelines/ingest/judging.py`` judges the lines against SPEC 1, one validation path for every
   format (``judge_rows`` -> ``Judgement``; ``validate_rows``): the accepted rows, the
   quarantined rows with their reasons, and the records skipped by rule, counted.
-- ``pipelines/accounting.py`` counts the result from the stored tables
+- ``pipelines/ingest/accounting.py`` counts the result from the stored tables
   (``accounting_from_tables``): rows_read = rows_accepted + rows_quarantined + rows_skipped.
 
 This module re-exports what other code imports from ``pipelines.ingest``; the product code
 imports from the three modules. A test that patches a module's constant (``LINE_BUCKETS``)
-patches the module that uses it (``pipelines.judging``), not this one.
+patches the module that uses it (``pipelines.ingest.judging``), not this one.
 """
-from pipelines.accounting import UNKNOWN_REPLICA, accounting_from_tables, skipped_kind
-from pipelines.judging import (
+from pipelines.ingest.accounting import UNKNOWN_REPLICA, accounting_from_tables, skipped_kind
+from pipelines.ingest.judging import (
     QUARANTINE_POSITION,
     RAW_POSITION,
     LINE_BUCKETS,
@@ -30,7 +30,7 @@ from pipelines.judging import (
     judge_rows,
     validate_rows,
 )
-from pipelines.reading import (
+from pipelines.ingest.reading import (
     BYTES_PER_ROW,
     FORMATS,
     LINES_SCHEMA,

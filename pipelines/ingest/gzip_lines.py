@@ -1,12 +1,12 @@
-"""The rows of one gzip JSONL file, read in Spark's Python workers (``pipelines/reading.py``).
+"""The rows of one gzip JSONL file, read in Spark's Python workers (``pipelines/ingest/reading.py``).
 
 ``gzip_file_batches`` streams a file through zlib (concatenated gzip members are one
 stream; at most a megabyte is decompressed at a time, whatever a member expands to) and
 yields Arrow record batches of ``(source_file, raw, read_error, decoded_reason)``: every
 complete non-blank line as its bytes, in order; a line over the line limit as its prefix,
-where it stood and ``LINE_TOO_LONG`` (``pipelines/long_lines.py``), never held whole; and,
+where it stood and ``LINE_TOO_LONG`` (``pipelines/ingest/long_lines.py``), never held whole; and,
 when the stream breaks part-way (truncated, corrupt, trailing garbage), one last row with
-``raw`` null and ``read_error`` saying where it broke and what is lost. Lines follow the rule of ``pipelines/reading.py``'s
+``raw`` null and ``read_error`` saying where it broke and what is lost. Lines follow the rule of ``pipelines/ingest/reading.py``'s
 docstring (LF ends a line, a CR before it is cut off, a UTF-8 BOM opening the file is
 dropped, a line of ASCII whitespace only is blank), the rule Spark's text reader applies to
 plain ``*.jsonl`` files there. Line bytes are kept as they are, invalid UTF-8 included, as
@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark import cloudpickle
 
-from pipelines.long_lines import (
+from pipelines.ingest.long_lines import (
     DEFAULT_MAX_LINE_BYTES,
     LINE_TOO_LONG,
     PREFIX_BYTES,

@@ -1,7 +1,7 @@
 """Which state a snapshot continues (the predecessor rule), checked and verified; which states are kept.
 
-An incremental audit (``pipelines/state.py``) continues a snapshot S from the state an
-earlier snapshot left in ``replica_state`` (its rows: ``pipelines/state_rows.py``). This
+An incremental audit (``pipelines/state/carry.py``) continues a snapshot S from the state an
+earlier snapshot left in ``replica_state`` (its rows: ``pipelines/state/rows.py``). This
 module chooses that state (``predecessors``), verifies the overlap of the two dumps
 (``overlap_differences``), checks the state against its commit context
 (``context_problems``) and refuses rather than guess (``prior_state``, ``StateRefused``);
@@ -48,7 +48,7 @@ The audit refuses (``StateRefused``, which fails the run) rather than guess when
 - two snapshots' contexts end at the same greatest offset below S;
 - the chosen context does not match its stored VERSION rows: their count
   (``state_rows``) or their order-independent checksum (``state_checksum``, see
-  ``pipelines/state_rows.py``); or the snapshot holds two contexts for the replica
+  ``pipelines/state/rows.py``); or the snapshot holds two contexts for the replica
   partition.
 
 A context row is the index of its state: deleting it (with or without its VERSION rows)
@@ -92,7 +92,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.state_rows import CONTEXT, REPLICA_PARTITION, VERSION, checksum, version_hash
+from pipelines.state.rows import CONTEXT, REPLICA_PARTITION, VERSION, checksum, version_hash
 from schemas.conform import local_frame
 from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState

@@ -2,19 +2,19 @@
 
 ``read_snapshot_lines`` turns every file of the folder into text rows ``(source_file, raw,
 read_error, decoded_reason)`` (``LINES_SCHEMA``): a JSONL line as it is, a Parquet row rendered
-as a JSON object. So one validation path (``pipelines.judging``, ``validate_rows``) judges every
+as a JSON object. So one validation path (``pipelines.ingest.judging``, ``validate_rows``) judges every
 format: a Parquet column whose type differs from SPEC 1 (an offset stored as a string, a float
 partition) shows up as BAD_TYPE on each row, exactly as the same JSON line would. What is read
-here is the ``rows_read`` of the accounting (``pipelines.accounting``): non-blank JSONL lines +
+here is the ``rows_read`` of the accounting (``pipelines.ingest.accounting``): non-blank JSONL lines +
 Parquet rows + one per unreadable file (or unreadable tail).
 
 Raw Venice records: a Parquet file whose footer has the columns of Spark's Kafka source
 (``key`` and ``value`` binary, ``topic``, ``partition``, ``offset``, ``timestamp``) plus
 ``region`` (``is_venice_schema``) is decoded on the executors
-(``pipelines.venice_frame.venice_lines``): a record that decodes to a SPEC 1 message becomes
+(``pipelines.venice.frame.venice_lines``): a record that decodes to a SPEC 1 message becomes
 that message's JSON text and is judged like any other row; one the decoder quarantines or
 skips by rule (``schemas.raw.SKIP_REASONS``) carries its reason (``decoded_reason``), for the
-judging (``pipelines.judging``) to quarantine it, or to drop it before judging and count it.
+judging (``pipelines.ingest.judging``) to quarantine it, or to drop it before judging and count it.
 A skipped record's position was read all the same (SPEC 3a: not a gap): when the accepted
 pass saw skipped records, ``read_skipped_positions`` reads them again, decoding only the
 control records, for ``raw_topic_skipped``. An upstream cluster id missing from the cluster
@@ -27,11 +27,11 @@ control records, for ``raw_topic_skipped``. An upstream cluster id missing from 
   CR) is blank: it carries no message and is not a row. Every other line is a row whatever
   it holds (NUL, invalid UTF-8, a lone CR, NEL, U+2028/U+2029, a BOM later in the file):
   accepted or quarantined, MALFORMED_JSON at worst. Spark's text reader (``*.jsonl``) and
-  the gzip reader (``pipelines/gzip_lines.py``, ``*.jsonl.gz``) apply this same rule, and
+  the gzip reader (``pipelines/ingest/gzip_lines.py``, ``*.jsonl.gz``) apply this same rule, and
   both keep a line's bytes as they are (invalid UTF-8 included).
 - A line longer than the line limit (``max_line_bytes``: its bytes before the LF, default
   64 MiB) is never held whole by any reader: it is one LINE_TOO_LONG row keeping its first
-  kilobyte and where it stood (``pipelines/long_lines.py``). Plain files larger than the limit
+  kilobyte and where it stood (``pipelines/ingest/long_lines.py``). Plain files larger than the limit
   are probed for such lines first (``holding_long_lines``, LFs only); a file holding one is
   split on the executors like a gzip file, the others by Spark's reader.
 - A gzip file that breaks part-way (truncated, corrupt, trailing garbage) keeps its
@@ -39,7 +39,7 @@ control records, for ``raw_topic_skipped``. An upstream cluster id missing from 
   whose lines cannot be counted. A Parquet file Spark or pyarrow cannot open is one
   UNREADABLE_FILE row. A Parquet page larger than the line limit is never given to a reader
   (which holds a page whole): its file is read around it on the executors, and the rows of its
-  row group are PAGE_TOO_LARGE at their positions (``pipelines/parquet_pages.py``).
+  row group are PAGE_TOO_LARGE at their positions (``pipelines/ingest/parquet_pages.py``).
 - Only files directly inside the snapshot folder named ``*.jsonl``, ``*.jsonl.gz`` or
   ``*.parquet`` are data. ``_SUCCESS`` is the completion marker. Everything else
   (sub-folders, hidden or ``_``-prefixed files, other extensions) is not read and is
@@ -48,7 +48,7 @@ control records, for ``raw_topic_skipped``. An upstream cluster id missing from 
 Where the work runs: the driver lists the folder (names, sizes) and reads Parquet footers
 (to group files by schema and find unreadable ones); nothing else of a file passes through
 it. JSONL and Parquet files are read by Spark. Gzip files are read in Spark's Python
-workers, one task per file (``_gzip_lines``: ``mapInArrow`` over ``pipelines/gzip_lines.py``,
+workers, one task per file (``_gzip_lines``: ``mapInArrow`` over ``pipelines/ingest/gzip_lines.py``,
 shipped by value): each task streams its file through zlib once, yielding its lines and,
 when the stream breaks, the row for the lost rest (so a broken file never fails the job,
 as it would with Spark's own gzip reader). This used to be a check of every gzip file on
@@ -73,9 +73,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from pipelines.gzip_lines import BLANK, gzip_file_batches, has_long_line, plain_file_batches
-from pipelines.long_lines import DEFAULT_MAX_LINE_BYTES
-from pipelines.parquet_pages import (
+from pipelines.ingest.gzip_lines import BLANK, gzip_file_batches, has_long_line, plain_file_batches
+from pipelines.ingest.long_lines import DEFAULT_MAX_LINE_BYTES
+from pipelines.ingest.parquet_pages import (
     LARGE_PAGE_FIELD,
     PAGE_TOO_LARGE,
     UNREADABLE_FIELD,
@@ -84,7 +84,7 @@ from pipelines.parquet_pages import (
     large_pages,
     page_detail,
 )
-from pipelines.venice_frame import (
+from pipelines.venice.frame import (
     cluster_ids_in,
     CarriedSettings,
     PushResolution,
@@ -92,7 +92,7 @@ from pipelines.venice_frame import (
     venice_lines,
     venice_skipped_positions,
 )
-from pipelines.venice_values import Limits, PushSettings
+from pipelines.venice.values import Limits, PushSettings
 from resources.filesystem import Location
 from resources.snapshots import SUCCESS_MARKER
 from schemas.conform import conform, local_frame, quoted
@@ -239,7 +239,7 @@ def _per_file(spark: SparkSession, folder: str, files: list[SnapshotFile], batch
     return spark.range(0, len(tasks), 1, numPartitions=len(tasks)).mapInArrow(read, schema)
 
 
-# What the executor-side line reader yields (pipelines/gzip_lines.py, SCHEMA).
+# What the executor-side line reader yields (pipelines/ingest/gzip_lines.py, SCHEMA).
 _READ_ROWS = T.StructType(
     [
         T.StructField("source_file", T.StringType(), nullable=False),
@@ -260,7 +260,7 @@ def _file_tasks(spark: SparkSession, folder: str, files: list[SnapshotFile], bat
 def _gzip_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], max_line_bytes: int) -> DataFrame:
     """The rows of gzip files, decompressed and checked on the executors: one task per file.
 
-    Each task streams its file through ``pipelines.gzip_lines``. A broken file yields its
+    Each task streams its file through ``pipelines.ingest.gzip_lines``. A broken file yields its
     complete lines and one row for the rest, where Spark's own gzip reader would fail the
     whole job; a line over the limit yields its LINE_TOO_LONG row.
     """
@@ -273,7 +273,7 @@ def _plain_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], ma
 
 
 def holding_long_lines(spark: SparkSession, folder: str, files: list[SnapshotFile], max_line_bytes: int) -> set[str]:
-    """The names of the plain JSONL ``files`` holding a line over the limit (``pipelines/long_lines.py``).
+    """The names of the plain JSONL ``files`` holding a line over the limit (``pipelines/ingest/long_lines.py``).
 
     Only a file larger than the limit can hold one, so only those are looked at: one Spark job,
     a task per file, each reading its file a chunk at a time (LFs only) up to its first long line.
@@ -328,7 +328,7 @@ def _parquet_tables(
     (``is_venice_schema``), and a row ``(file, None, error)`` for each unreadable file.
 
     With ``max_line_bytes``, the files' column chunks larger than it have their page headers read
-    (``pipelines/parquet_pages.py``): a file holding a page over it is guarded, not given to Spark's reader.
+    (``pipelines/ingest/parquet_pages.py``): a file holding a page over it is guarded, not given to Spark's reader.
     """
     groups: dict[str, list[SnapshotFile]] = {}
     venice_keys: set[str] = set()
@@ -378,7 +378,7 @@ def _spec_json(columns: list[str]) -> Column:
 def _guarded(spark: SparkSession, folder: str, group: _ParquetGroup) -> DataFrame:
     """The rows of the group's files holding a page over the line limit, read around it on the executors (one task
     per file): the group's columns (null where a row group's large page holds them), ``source_file``, and the two
-    markers of ``pipelines.parquet_pages`` (why a row's row group was read without some columns; why a row group
+    markers of ``pipelines.ingest.parquet_pages`` (why a row's row group was read without some columns; why a row group
     could not be read at all)."""
     schema = T.StructType([*group.schema.fields, T.StructField(LARGE_PAGE_FIELD, T.StringType()),
                            T.StructField(UNREADABLE_FIELD, T.StringType())])

@@ -1,4 +1,4 @@
-"""Spark side of the Venice decoder: ``decode_venice_frame`` runs ``pipelines.venice.decode_record``
+"""Spark side of the Venice decoder: ``decode_venice_frame`` runs ``pipelines.venice.decoder.decode_record``
 on the executors (mapInArrow). Input: Spark Kafka source columns (key, value, topic, partition,
 offset, timestamp) plus ``region`` (the region whose version topic was read -> ``replica``).
 Output: the SPEC 1 message columns (schemas.raw.MESSAGE_FIELDS) plus ``outcome``
@@ -7,7 +7,7 @@ message's type name); one output row per input row. replica/topic/partition/offs
 Kafka record's whatever the outcome.
 An unknown upstream cluster id fails the job (UnknownClusterId, naming the ids).
 
-``venice_lines`` is what ingestion uses (pipelines/reading.py): the decoded records as the
+``venice_lines`` is what ingestion uses (pipelines/ingest/reading.py): the decoded records as the
 text rows every other format becomes, ``(source_file, raw, read_error, decoded_reason)``. A
 decoded row's ``raw`` is its SPEC 1 message as JSON, so it is judged (types, required fields,
 conflicting positions, duplicates) exactly like a JSONL line; a record the decoder skipped or
@@ -30,10 +30,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-import pipelines.venice as venice
-import pipelines.venice_protocol as venice_protocol
-import pipelines.venice_values as venice_values
-from pipelines.venice_values import NOT_DECLARED, Limits, PushSettings
+import pipelines.venice.decoder as venice
+import pipelines.venice.protocol as venice_protocol
+import pipelines.venice.values as venice_values
+from pipelines.venice.values import NOT_DECLARED, Limits, PushSettings
 from schemas.raw import MESSAGE_FIELDS
 
 # What decoding adds to the SPEC 1 columns. A chunk carries its key (with the chunking suffix) and bytes; a

@@ -10,7 +10,7 @@ It is written in this project from Venice's published protocol: names, order and
 the protocol's, so the bytes match; the comments are ours and only say what a field is for
 where it matters to Replica Lens. Defaults are given where the protocol declares them (Avro
 uses them when a reader's schema has a field that a writer's lacks; the encoder in
-``pipelines.venice`` fills unset fields from them).
+``pipelines.venice.decoder`` fills unset fields from them).
 
 What differs between the versions (each adds to the one before):
 

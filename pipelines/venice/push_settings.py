@@ -1,7 +1,7 @@
 """Configured Venice push settings: compression and chunking of version topics a snapshot holds no START_OF_PUSH of.
 
 Every partition of a version topic starts with a START_OF_PUSH that declares how its values are
-written (``pipelines/venice_values.py``). A dump that starts later (a mid-stream or continuing dump)
+written (``pipelines/venice/values.py``). A dump that starts later (a mid-stream or continuing dump)
 lacks it; then the settings come from another partition's START_OF_PUSH in the same snapshot, else from
 this file, else from the START_OF_PUSH of an earlier snapshot of the warehouse, else the topic is not audited
 and is named (docs/venice-input.md). The file is JSON, one entry per
@@ -25,7 +25,7 @@ import binascii
 import json
 from pathlib import Path
 
-from pipelines.venice_values import COMPRESSION_NAMES, ZSTD_WITH_DICT, PushSettings
+from pipelines.venice.values import COMPRESSION_NAMES, ZSTD_WITH_DICT, PushSettings
 from resources.errors import InvalidSetting
 
 _BY_NAME = {name: number for number, name in COMPRESSION_NAMES.items()}
@@ -87,7 +87,7 @@ def push_settings_document(settings: dict[str, PushSettings]) -> dict:
     return {topic: s.as_entry() for topic, s in sorted(settings.items())}
 
 
-# The extra field of a START_OF_PUSH row of raw_topic_snapshots that keeps what it declared (pipelines/venice_frame.py).
+# The extra field of a START_OF_PUSH row of raw_topic_snapshots that keeps what it declared (pipelines/venice/frame.py).
 DECLARED_FIELD = "venice_push_settings"
 
 

@@ -1,7 +1,7 @@
 """Venice version-topic records on the wire -> SPEC 1 rows (issue 18, foundation).
 
-Pure functions; ingestion reaches them through pipelines/venice_frame.py, which decodes the
-Kafka-source Parquet files that pipelines/reading.py finds on the executors.
+Pure functions; ingestion reaches them through pipelines/venice/frame.py, which decodes the
+Kafka-source Parquet files that pipelines/ingest/reading.py finds on the executors.
 
 Wire format (verified in linkedin/venice at 77ea837f, files under internal/venice-common/src/main/):
 
@@ -20,7 +20,7 @@ Wire format (verified in linkedin/venice at 77ea837f, files under internal/venic
   protocol-version byte, then the Avro binary KafkaMessageEnvelope written with that
   version's schema.
 - Supported protocol versions: 10 to 14 (every one Venice has published since 10), their
-  envelope schemas written in this project (``pipelines/venice_protocol.py``, which lists what
+  envelope schemas written in this project (``pipelines/venice/protocol.py``, which lists what
   each version changed). v10's LeaderMetadata has hostName, upstreamOffset,
   upstreamKafkaClusterId; v12 adds upstreamPubSubPosition and termId; v14 adds
   upstreamMessageTimestamp. Any other version byte -> quarantined UNKNOWN_PROTOCOL_VERSION.
@@ -62,7 +62,7 @@ Mapping to SPEC 1 (``decode_record``):
   ``{source_region: source_offset}`` already; the contract treats it so).
 - START_OF_PUSH: only replica/topic/partition/offset/kind; what it declares about the version's
   values (chunking, compression, dictionary) is read by ``start_of_push_settings`` and given to
-  every record of the topic as ``push`` (``pipelines/venice_values.py`` has the facts).
+  every record of the topic as ``push`` (``pipelines/venice/values.py`` has the facts).
 - UPDATE (partial update) -> quarantined UPDATE_NOT_APPLIED.
 - Compression: a PUT's value is decompressed with ``push`` (UNDECOMPRESSABLE_VALUE when it does not
   decompress, COMPRESSED_VALUE for a strategy Venice does not have), a piece at a time and never past
@@ -97,9 +97,9 @@ from typing import NamedTuple
 
 import fastavro
 
-import pipelines.venice_values as values
-from pipelines.venice_protocol import SUPPORTED_VERSIONS, envelope_schema_dict
-from pipelines.venice_values import NOT_DECLARED, PushSettings
+import pipelines.venice.values as values
+from pipelines.venice.protocol import SUPPORTED_VERSIONS, envelope_schema_dict
+from pipelines.venice.values import NOT_DECLARED, PushSettings
 
 MAGIC_BYTE = 23
 CURRENT_PROTOCOL_VERSION = 14
@@ -135,7 +135,7 @@ class KafkaRecord(NamedTuple):
 
 
 # Parsed once per process. A plain dict, not functools.lru_cache: Spark ships this module to
-# the executors by value (pipelines/venice_frame.py), and an lru_cache wrapper would be
+# the executors by value (pipelines/venice/frame.py), and an lru_cache wrapper would be
 # pickled by reference, i.e. need the project importable there.
 _PARSED: dict[int, dict] = {}
 

@@ -1,0 +1,11 @@
+"""The state an incremental audit carries from one snapshot of a stream to the next, by concern.
+
+- ``rows``: the rows of ``replica_state`` (each key's last version, one commit context per
+  replica partition) and the checksum a context keeps of them;
+- ``prior``: which state a snapshot continues (the predecessor rule), checked and verified, and
+  which states are kept (retention);
+- ``carry``: what the divergence stage does with it: ``carry_over`` continues a snapshot's
+  watermarks from the state it continues, ``next_state`` builds the state after it.
+
+docs/incremental.md is the user's side of all this.
+"""
