@@ -15,6 +15,9 @@ So ``conform`` reads the frame's schema once and casts only the columns whose ty
 file's schema); an atomic type is cast by its SQL name, one round trip. The rows and the
 resulting schema are the same as the plain form's.
 
+``select_sql`` is ``selectExpr`` with its texts sent to the JVM as one string (PySpark sends a
+list element by element): ``conform`` and the staged reads go through it.
+
 ``local_frame`` makes a frame of a few driver-side rows of a struct through Arrow: a local
 relation in the plan. ``spark.createDataFrame`` of a Python list (even an empty one) is a
 Python RDD instead, and the first query that reads one starts Spark's Python worker daemon
@@ -22,7 +25,8 @@ and a worker (seconds in a fresh JVM: docs/performance.md), which a small JSONL 
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Sequence
+import math
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -42,6 +46,50 @@ def quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def sql_literal(value: Any) -> str:
+    """``value`` as a Spark SQL literal of its own type (a string quoted and escaped, a float a DOUBLE)."""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value!r}D"
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    raise NotImplementedError(f"no SQL literal for {value!r} ({type(value).__name__}); add it to schemas/conform.py")
+
+
+# Between the texts of ``select_sql`` on their way to the JVM (ASCII's record separator; a text holding it is
+# sent the usual way).
+_SEPARATOR = "\x1e"
+
+
+def select_sql(df: DataFrame, expressions: Sequence[str]) -> DataFrame:
+    """``df.selectExpr(*expressions)`` in a handful of round trips to the JVM instead of one per expression.
+
+    PySpark hands a Python list to the JVM element by element (py4j's list converter: one call
+    each, about 0.2 ms on 2 cores), and frames are shaped this way hundreds of times per audit.
+    Here the texts go over as one string, split in the JVM.
+    """
+    if not expressions or any(_SEPARATOR in e for e in expressions):
+        return df.selectExpr(*expressions)
+    strings, sequences = _jvm_classes(df.sparkSession._jvm)
+    texts = strings.splitByWholeSeparatorPreserveAllTokens(_SEPARATOR.join(expressions), _SEPARATOR)
+    return DataFrame(df._jdf.selectExpr(sequences.unsafeWrapArray(texts)), df.sparkSession)
+
+
+_CLASSES: dict[int, tuple] = {}
+
+
+def _jvm_classes(jvm) -> tuple:
+    """The JVM classes ``select_sql`` calls, looked up once per JVM (each lookup is a round trip)."""
+    found = _CLASSES.get(id(jvm))
+    if found is None or found[0] is not jvm:
+        found = (jvm, jvm.org.apache.commons.lang3.StringUtils, jvm.scala.collection.immutable.ArraySeq)
+        _CLASSES[id(jvm)] = found
+    return found[1:]
+
+
 def _cast(column: Column, data_type: T.DataType) -> Column:
     """``column.cast(data_type)``, by the type's SQL name when that is exact (one round trip to the JVM)."""
     if isinstance(data_type, _ATOMIC):
@@ -57,14 +105,15 @@ def conform(df: DataFrame, struct: T.StructType, columns: Optional[Mapping[str, 
     only when its type differs from the declared one.
     """
     if columns:
-        df = df.select(*[columns[f.name].alias(f.name) if f.name in columns else F.col(f.name) for f in struct.fields])
+        given = {name: column for name, column in columns.items() if name in struct.names}
+        df = select_sql(df.withColumns(given) if given else df, [quoted(name) for name in struct.names])
     fields = df.schema.fields
     have = {f.name: f.dataType for f in fields}
     if [f.name for f in fields] == struct.names and all(have[f.name] == f.dataType for f in struct.fields):
         return df
     if all(have.get(f.name) == f.dataType or isinstance(f.dataType, _ATOMIC) for f in struct.fields):
         # As SQL text: one round trip for the whole selection instead of a few per column.
-        return df.selectExpr(*[
+        return select_sql(df, [
             quoted(f.name) if have.get(f.name) == f.dataType
             else f"CAST({quoted(f.name)} AS {f.dataType.simpleString()}) AS {quoted(f.name)}"
             for f in struct.fields
