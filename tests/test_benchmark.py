@@ -46,7 +46,7 @@ VARIANT_FIELDS = {
     "ratio_to_floor", "ratio_to_parse_floor", "steps", "peak_jvm_mib", "success", "cpu", "repeated_audits",
     "output_floor", "output_write_seconds", "essential_pass_seconds", "audit_process_seconds",
     "audit_process_to_essential_pass", "pair_ratios", "cpu_ratio", "target_cpu_budget_seconds",
-    "explain_key_seconds", "explain_process_runs",
+    "explain_key_seconds", "explain_process_runs", "jvm_calls",
 }
 CPU_FIELDS = {"jvm_cpu_seconds", "jit_cpu_seconds", "gc_cpu_seconds"}
 STEP_FIELDS = {"step", "seconds", "rows_in", "rows_out", "peak_python_mib", "peak_jvm_mib", "tables"} | CPU_FIELDS
@@ -341,6 +341,22 @@ def test_the_report_prints_the_target_cpu_budget_beside_the_warm_audit_s_cpu(run
         assert line.startswith(f"CPU an audit process within the {variant['process_ratio_target']}x target could use: "
                                f"{budget} s"), line
         assert f"used {warm} s of JVM CPU ({round(100 * warm / budget)}% of it)" in line, line
+
+
+def test_the_calls_to_the_jvm_are_counted_over_the_in_process_audit_and_only_there(spark, run):
+    """Bug caught: the counter not wrapping the audit (zero, or the few calls of the floors), or left installed after it
+    (every later call of the process counted, and slowed)."""
+    from replica_lens.benchmark.jvm_calls import counting_jvm_calls
+
+    report, _, _ = run
+    for variant in report["variants"]:
+        assert variant["jvm_calls"] > 1_000, f"{variant['jvm_calls']} calls: an audit builds thousands of plan parts"
+    with counting_jvm_calls() as count:
+        spark._jvm.java.lang.Math.abs(-1)
+    assert count.calls >= 1
+    after = count.calls
+    spark._jvm.java.lang.Math.abs(-1)
+    assert count.calls == after
 
 
 def test_the_output_floor_rewrites_each_per_row_table_the_audit_wrote(run):

@@ -67,6 +67,9 @@ class VariantFigures:
     # Spark over the whole in-process audit (steps and Dagster's work between them);
     # complete is False when the status store had dropped some of its jobs.
     spark: dict[str, Any] = field(default_factory=dict)
+    # Calls from Python to the JVM (py4j commands, from every thread) during the in-process audit: the fixed
+    # cost of building plans, in a count that hardly moves with the machine's load (benchmark/jvm_calls.py).
+    jvm_calls: int = 0
     # The driver JVM's CPU seconds over the whole in-process audit (jvm_cpu_seconds,
     # jit_cpu_seconds, gc_cpu_seconds).
     cpu: dict[str, float] = field(default_factory=dict)

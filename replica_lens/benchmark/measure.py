@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 from replica_lens.benchmark.figures import StepFigures, VariantFigures
+from replica_lens.benchmark.jvm_calls import counting_jvm_calls
 from replica_lens.benchmark.floors import _floor_seconds, _parse_floor_seconds, output_floor
 from replica_lens.benchmark.proc import ProcessSampler
 from replica_lens.benchmark.processes import _measure_processes
@@ -71,7 +72,7 @@ def run_variant(
     start = time.perf_counter()
     # Dagster's console log shows warnings only (its event log, which the step figures come from, keeps everything).
     # One step at a time (the process runs use the default): a step's window then holds its own Spark jobs only.
-    with audit_instance() as instance:
+    with audit_instance() as instance, counting_jvm_calls() as calls:
         audit = run_audit(
             snapshot_id, str(landing), str(warehouse), instance=instance, log_level=QUIET_LOG_LEVEL,
             concurrent_steps=SERIAL, **settings,
@@ -82,6 +83,7 @@ def run_variant(
     activity = SparkActivity.read(spark)
 
     figures.audit_seconds = round(total, 2)
+    figures.jvm_calls = calls.calls
     figures.ratio_to_floor = round(total / floor, 2) if floor else float("nan")
     figures.ratio_to_parse_floor = round(total / parse_floor, 2) if parse_floor else float("nan")
     figures.success = figures.success and audit.success

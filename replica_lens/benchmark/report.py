@@ -80,6 +80,8 @@ def print_report(report: dict) -> None:
                 f"{_bytes(spark['shuffle_read_bytes']):>11} {_bytes(spark['shuffle_write_bytes']):>11} {_bytes(spark['disk_spill_bytes']):>9}"
                 + ("" if spark.get("complete", True) else "  (status store dropped jobs: Spark figures incomplete)")
             )
+        if variant.get("jvm_calls"):
+            print(f"  calls from Python to the JVM during the in-process audit: {variant['jvm_calls']}")
         cpu = variant.get("cpu") or {}
         if cpu:
             print(
