@@ -38,7 +38,7 @@ from pyspark.sql import types as T
 from pipelines.frames import observed
 from pipelines.venice.frame import REASON_DETAIL
 from pipelines.venice.values import VARIANT_SIZE_LIMIT
-from schemas.conform import conform, local_frame
+from schemas.conform import conform, local_frame, quoted, select_sql, sql_literal
 from schemas.raw import (
     SKIP_REASONS,
     FORBIDDEN_BY_KIND,
@@ -69,10 +69,23 @@ def _bad_type(name: str) -> Column:
     return F.col(f"bad_type_{name}")
 
 
-def _field_flags(fields: Column, typed: Column) -> list[Column]:
+# The per-field flags and problem lists below are Spark SQL text, not Columns: the JVM parses a
+# select's texts at once (``select_sql``), where built as Columns they were about 2,000 calls from
+# Python to the JVM per judging (docs/performance.md, "Calls to the JVM"). The line's columns they
+# read: ``all_fields`` (the map of every field to its JSON token, a variant), ``typed`` (the typed
+# parse) and ``kind_text``.
+def _token(name: str) -> str:
+    return f"all_fields[{sql_literal(name)}]"
+
+
+def _typed(name: str) -> str:
+    return f"typed.{quoted(name)}"
+
+
+def _field_flags() -> list[str]:
     """Per field, once per row: is it there (not null), and does its JSON token not fit its type.
 
-    ``fields`` is the line's map of every field to its JSON token (a variant). A JSON null is
+    ``all_fields`` is the line's map of every field to its JSON token (a variant). A JSON null is
     the same as an absent field. The map is only looked up here, never rebuilt or iterated:
     Spark evaluates map functions with lambdas (``map_filter``, ``exists``) without code
     generation, reading every entry through a path that is costly per element (it looked up
@@ -81,74 +94,80 @@ def _field_flags(fields: Column, typed: Column) -> list[Column]:
     """
     flags = []
     for name, data_type in MESSAGE_FIELDS.items():
-        token = fields[name]  # null when absent
-        present = token.isNotNull() & ~F.is_variant_null(token)
+        token = _token(name)  # null when absent
+        present = f"({token} IS NOT NULL AND NOT is_variant_null({token}))"
         # A string field parses from any JSON token (an object becomes its text), so its
         # token type is read on the variant; a number or map field is null in the typed
         # parse when its token does not fit (a string "5", 5.0, an overflow, a non-integer
         # or null component).
         if name in _STRING_FIELDS:
-            wrong = F.schema_of_variant(fields[name]) != F.lit("STRING")
+            wrong = f"schema_of_variant({token}) != 'STRING'"
         elif isinstance(data_type, T.MapType):
-            wrong = typed[name].isNull() | F.exists(F.map_values(typed[name]), lambda v: v.isNull())
+            wrong = f"{_typed(name)} IS NULL OR exists(map_values({_typed(name)}), v -> v IS NULL)"
         else:
-            wrong = typed[name].isNull()
-        flags.append(present.alias(f"present_{name}"))
-        flags.append((present & F.coalesce(wrong, F.lit(True))).alias(f"bad_type_{name}"))
+            wrong = f"{_typed(name)} IS NULL"
+        flags.append(f"{present} AS {quoted('present_' + name)}")
+        flags.append(f"({present} AND coalesce(({wrong}), TRUE)) AS {quoted('bad_type_' + name)}")
     return flags
 
 
-def _problem_lists(fields: Column, typed: Column, kind: Column) -> dict[str, tuple[Column, Column]]:
-    """Per reason: whether a row has a problem of that kind, and the text listing them.
+# The text around an unknown kind: "kind 'X' is not one of PUT, DELETE, ...".
+_KIND_TEXT = (sql_literal("kind '"), sql_literal("' is not one of " + ", ".join(KINDS)))
 
-    The text is a ``concat_ws`` of one piece per possible problem; the caller builds it only
-    for rows whose flag is set (``F.when(flag, text)``), so the great majority of rows, which
-    have no problem, never assemble five empty strings (docs/performance.md, the levers table).
+
+def _problem_lists() -> dict[str, str]:
+    """Per reason, the text listing a row's problems of that kind, null when it has none (SQL).
+
+    The text is a ``concat_ws`` of one piece per possible problem, built only for rows that have
+    one (``CASE WHEN``), so the great majority of rows, which have no problem, never assemble five
+    empty strings (docs/performance.md, the levers table).
     """
 
-    def kinds_with(table: dict[str, tuple[str, ...]], name: str) -> Column:
+    def kinds_with(table: dict[str, tuple[str, ...]], name: str) -> str:
         kinds = [k for k, names in table.items() if name in names]
-        return F.coalesce(kind.isin(kinds), F.lit(False)) if kinds else F.lit(False)
+        return f"coalesce(kind_text IN ({', '.join(map(sql_literal, kinds))}), FALSE)" if kinds else "FALSE"
 
-    def required(name: str) -> Column:
-        return F.lit(True) if name in REQUIRED_ALWAYS else kinds_with(REQUIRED_BY_KIND, name)
+    def required(name: str) -> str:
+        return "TRUE" if name in REQUIRED_ALWAYS else kinds_with(REQUIRED_BY_KIND, name)
 
-    def negative(name: str) -> Column:
+    def negative(name: str) -> str:
         if isinstance(MESSAGE_FIELDS[name], T.MapType):
-            return F.coalesce(F.exists(F.map_values(typed[name]), lambda v: v < 0), F.lit(False))
-        return F.coalesce(typed[name] < 0, F.lit(False))
+            return f"coalesce(exists(map_values({_typed(name)}), v -> v < 0), FALSE)"
+        return f"coalesce({_typed(name)} < 0, FALSE)"
+
+    def present(name: str) -> str:
+        return quoted(f"present_{name}")
 
     vectors = [n for n, t in MESSAGE_FIELDS.items() if isinstance(t, T.MapType)]
     # (condition, text when it holds) per possible problem.
     problems = {
-        "MISSING_FIELD": [(required(n) & ~_present(n), F.lit(n)) for n in MESSAGE_FIELDS],
+        "MISSING_FIELD": [(f"{required(n)} AND NOT {present(n)}", sql_literal(n)) for n in MESSAGE_FIELDS],
         "BAD_TYPE": [
             (
-                _bad_type(n),
-                F.concat(
-                    F.lit(f"{n} ("),
-                    F.schema_of_variant(fields[n]),
-                    F.lit(f", expected {MESSAGE_FIELDS[n].simpleString()})"),
-                ),
+                quoted(f"bad_type_{n}"),
+                f"concat({sql_literal(n + ' (')}, schema_of_variant({_token(n)}), "
+                f"{sql_literal(', expected ' + MESSAGE_FIELDS[n].simpleString() + ')')})",
             )
             for n in MESSAGE_FIELDS
         ],
-        "UNKNOWN_KIND": [
-            (~kind.isin(list(KINDS)), F.concat(F.lit("kind '"), kind, F.lit(f"' is not one of {', '.join(KINDS)}")))
-        ],
+        "UNKNOWN_KIND": [(
+            f"NOT (kind_text IN ({', '.join(map(sql_literal, KINDS))}))",
+            f"concat({_KIND_TEXT[0]}, kind_text, {_KIND_TEXT[1]})",
+        )],
         "NEGATIVE_VALUE": [
-            (negative(n), F.concat(F.lit(f"{n} = "), F.to_json(fields[n]))) for n in (*NON_NEGATIVE, *vectors)
+            (negative(n), f"concat({sql_literal(n + ' = ')}, to_json({_token(n)}))") for n in (*NON_NEGATIVE, *vectors)
         ],
         "UNEXPECTED_FIELD": [
-            (kinds_with(FORBIDDEN_BY_KIND, n) & _present(n), F.concat(F.lit(f"{n} on a "), kind))
+            (f"{kinds_with(FORBIDDEN_BY_KIND, n)} AND {present(n)}", f"concat({sql_literal(n + ' on a ')}, kind_text)")
             for n in MESSAGE_FIELDS
             if any(n in names for names in FORBIDDEN_BY_KIND.values())
         ],
     }
     return {
         reason: (
-            reduce(Column.__or__, [F.coalesce(condition, F.lit(False)) for condition, _ in pieces]),
-            F.concat_ws(", ", *[F.when(condition, text) for condition, text in pieces]),
+            "CASE WHEN " + " OR ".join(f"coalesce(({condition}), FALSE)" for condition, _ in pieces)
+            + " THEN concat_ws(', ', "
+            + ", ".join(f"CASE WHEN {condition} THEN {text} END" for condition, text in pieces) + ") END"
         )
         for reason, pieces in problems.items()
     }
@@ -160,16 +179,16 @@ RAW_POSITION = {"replica": "raw_replica", "topic": "raw_topic", "partition": "ra
 QUARANTINE_POSITION = tuple(RAW_POSITION)
 
 
-def _raw_position(typed: Column) -> list[Column]:
+def _raw_position() -> list[str]:
     """Each field of a row's position (``RAW_POSITION``) when the row has it with its JSON type and, for the
     partition and the offset, not negative (it is then no position); null otherwise. Reads the flags of
-    ``_field_flags``."""
+    ``_field_flags`` (SQL, as they are)."""
     fields = []
     for name, alias in RAW_POSITION.items():
-        known = _present(name) & ~_bad_type(name)
+        known = f"{quoted('present_' + name)} AND NOT {quoted('bad_type_' + name)}"
         if name in NON_NEGATIVE:
-            known = known & (typed[name] >= 0)
-        fields.append(F.when(known, typed[name]).alias(alias))
+            known = f"{known} AND {_typed(name)} >= 0"
+        fields.append(f"CASE WHEN {known} THEN {_typed(name)} END AS {quoted(alias)}")
     return fields
 
 
@@ -204,28 +223,26 @@ def _checked_rows(lines: DataFrame, snapshot_id: str) -> DataFrame:
         )
         .select("*", F.when(F.size("wrapped") == 1, F.col("wrapped")[0]).alias("all_fields"))
     )
-    fields, typed = F.col("all_fields"), F.col("typed")
+    typed = F.col("typed")
     # Whether the line names a field SPEC 1 does not have: it has more fields than known ones.
     # A lookup is null only for an absent key (a JSON null is a variant null); the lookups
     # are the ones _field_flags makes, so the generated code looks each field up once.
-    known_fields = sum(fields[name].isNotNull().cast(T.IntegerType()) for name in MESSAGE_FIELDS)
+    known_fields = " + ".join(f"CAST({_token(name)} IS NOT NULL AS INT)" for name in MESSAGE_FIELDS)
     flagged = (
-        parsed.select(
-            *_CARRIED,
-            *_field_flags(fields, typed),
-            (F.size(fields) > known_fields).alias("has_extra_fields"),
-        )
+        select_sql(parsed, [
+            *map(quoted, _CARRIED), *_field_flags(), f"size(all_fields) > ({known_fields}) AS has_extra_fields",
+        ])
         # The kind, when it is a JSON string: what decides the fields a row needs.
         .select("*", F.when(_present("kind") & ~_bad_type("kind"), typed["kind"]).alias("kind_text"))
     )
-    listed = _problem_lists(fields, typed, F.col("kind_text"))
-    with_problems = flagged.select(
-        *_CARRIED,
+    listed = _problem_lists()
+    with_problems = select_sql(flagged, [
+        *map(quoted, _CARRIED),
         "has_extra_fields",
-        *_raw_position(typed),
+        *_raw_position(),
         # Null when the row has no problem of that kind.
-        *[F.when(has, text).alias(f"problems_{code}") for code, (has, text) in listed.items()],
-    )
+        *[f"{text} AS {quoted('problems_' + code)}" for code, text in listed.items()],
+    ])
 
     unreadable = F.col("read_error").isNotNull()
     malformed = F.col("all_fields").isNull()
