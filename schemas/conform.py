@@ -16,7 +16,7 @@ file's schema); an atomic type is cast by its SQL name, one round trip. The rows
 resulting schema are the same as the plain form's.
 
 ``select_sql`` is ``selectExpr`` with its texts sent to the JVM as one string (PySpark sends a
-list element by element): ``conform`` and the staged reads go through it.
+list element by element): ``conform``, the staged reads and the judging go through it.
 
 ``local_frame`` makes a frame of a few driver-side rows of a struct through Arrow: a local
 relation in the plan. ``spark.createDataFrame`` of a Python list (even an empty one) is a

@@ -109,3 +109,19 @@ def test_a_local_frame_holds_its_rows_in_the_plan_with_the_exact_struct(spark):
 def test_a_local_frame_refuses_rows_of_another_width(spark):
     with pytest.raises(ValueError, match="rows of 2 values for a struct of 6 fields"):
         local_frame(spark, [("s1", 1)], STRUCT)
+
+
+def test_select_sql_selects_what_select_expr_selects_a_separator_in_a_text_included(spark):
+    """``select_sql`` sends its texts as one string split in the JVM at a separator byte.
+
+    Bug caught: a text split in two, or texts merged, at the separator (a column lost or a parse error),
+    an empty text list, and a text that itself holds the separator byte not falling back to ``selectExpr``.
+    """
+    from schemas.conform import select_sql
+
+    df = spark.createDataFrame([(1, "a")], "n long, `odd name` string")
+    texts = ["n + 1 AS m", "`odd name`", "concat(`odd name`, '\x1e') AS sep", "'' AS empty"]
+    for chosen in (texts, texts[:3], texts[1:2], ["'' AS empty", "n"]):
+        got, want = select_sql(df, chosen), df.selectExpr(*chosen)
+        assert got.schema == want.schema and got.collect() == want.collect(), chosen
+

@@ -308,7 +308,7 @@ class _StartsWith(pa.DataFrameModel):
 
 def test_a_check_with_no_compiled_form_fails_loudly(spark):
     """A model check with no one-pass form raises NotImplementedError when the model is compiled
-    (``spark``: compiling builds Columns, which needs a session).
+    (compiled to SQL text in Python: no session is needed, but the write path must refuse it too).
 
     Bug caught: an unknown check skipped silently (``_VIOLATED.get`` falling through), so a
     declared rule would never be enforced while every validation passes.
