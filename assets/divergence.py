@@ -42,7 +42,9 @@ from pipelines.state.rows import CONTEXT, REPLICA_PARTITION
 from resources.delta_store import DeltaStore
 from resources.errors import InvalidSetting
 from resources.reports import ReportSettings
+from resources.session import parquet_batches
 from resources.spark import SparkResource
+from resources.tuning import parquet_batch_rows
 
 GROUP = "divergence"
 KINDS = {"spark", "delta"}
@@ -187,7 +189,9 @@ def divergence_reports(
         }
         # The replica partitions' layout (a handful of rows, one collect) serves the comparison and the state.
         layout = comparison_layout(carried_partitions)
-        comparison = compare(carried_rows, carried_partitions, layout, rows=most_rows)
+        # The witnesses' values are looked up in the snapshot's raw rows, by position (the only read of its values).
+        raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
+        comparison = compare(carried_rows, carried_partitions, layout, rows=most_rows, values=raw)
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
         tables.stage(comparison.summary, "divergence_summary")
         # One row per topic partition and replica pair: read once for the totals and the preview.
@@ -198,7 +202,11 @@ def divergence_reports(
             # values looked up in every row) is never run.
             tables.stage_empty("divergence_reports")
         else:
-            tables.stage(comparison.reports, "divergence_reports")
+            # The witnesses' values are read from raw_topic_snapshots: in batches that fit the heap however large
+            # the snapshot's values are.
+            largest = store.column_max("raw_topic_snapshots", snapshot_id, "value_bytes")
+            with parquet_batches(session, parquet_batch_rows(largest)):
+                tables.stage(comparison.reports, "divergence_reports")
         tables.add_metadata(
             "divergence_reports",
             {
@@ -271,6 +279,9 @@ def verdict_totals(summary_rows) -> dict[str, int]:
     return {name: sum(int(row[column] or 0) for row in summary_rows) for name, column in VERDICT_COLUMNS.items()}
 
 
+EXAMPLE_COLUMNS = ("topic", "partition", "replica_a", "replica_b", "key", "verdict")
+
+
 @dg.asset_check(
     asset="divergence_reports",
     name="no_proven_divergence",
@@ -282,9 +293,9 @@ def no_proven_divergence(context: dg.AssetCheckExecutionContext, spark: SparkRes
     found, counts = matching_rows(
         spark, store, "divergence_reports", context.partition_key, F.col("verdict").isin(*PROVEN),
         [F.col(c) for c in ("topic", "partition", "replica_a", "replica_b", "key")],
-        {v: F.count_if(F.col("verdict") == v) for v in PROVEN}, EXAMPLE_KEYS,
+        {v: F.count_if(F.col("verdict") == v) for v in PROVEN}, EXAMPLE_KEYS, list(EXAMPLE_COLUMNS),
     )
-    examples = [{k: r[k] for k in ("topic", "partition", "replica_a", "replica_b", "key", "verdict")} for r in found]
+    examples = [{k: r[k] for k in EXAMPLE_COLUMNS} for r in found]
     total = sum(counts.values())
     return dg.AssetCheckResult(
         passed=total == 0,

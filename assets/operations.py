@@ -200,7 +200,8 @@ def _bound_check(
 ) -> dg.AssetCheckResult:
     """WARN when rows of ``table`` are ``over`` their bound: their count, and the worst ``EXAMPLES`` (one query)."""
     examples, counts = matching_rows(
-        spark, store, table, snapshot_id, over, [F.desc_nulls_last(worst_first)], {"over": F.count(F.lit(1))}, EXAMPLES
+        spark, store, table, snapshot_id, over, [F.desc_nulls_last(worst_first)], {"over": F.count(F.lit(1))}, EXAMPLES,
+        columns,
     )
     total = counts["over"]
     return dg.AssetCheckResult(

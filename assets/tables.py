@@ -50,7 +50,7 @@ def read_stage(spark: SparkSession, store: DeltaStore, table: str, snapshot_id: 
 
 
 def first_rows_and_counts(
-    frame: DataFrame, order: list[Column], counts: dict[str, Column], limit: int
+    frame: DataFrame, order: list[Column], counts: dict[str, Column], limit: int, columns: list[str] | None = None,
 ) -> tuple[list, dict[str, int]]:
     """The first ``limit`` rows of ``frame`` in ``order``, and the aggregates ``counts`` over all of ``frame``: one query.
 
@@ -60,15 +60,19 @@ def first_rows_and_counts(
     """
     observation = Observation()
     observed = frame.observe(observation, *[c.alias(name) for name, c in counts.items()])
-    rows = observed.orderBy(*order).limit(limit).collect()
+    first = observed.orderBy(*order).limit(limit)
+    rows = (first if columns is None else first.select(*columns)).collect()
     return rows, {name: int(value or 0) for name, value in observation.get.items()}
 
 
 def matching_rows(
     spark: "SparkResource", store: DeltaStore, table: str, snapshot_id: str, where: Column, order: list[Column],
-    counts: dict[str, Column], limit: int,
+    counts: dict[str, Column], limit: int, columns: list[str] | None = None,
 ) -> tuple[list, dict[str, int]]:
     """``first_rows_and_counts`` of a snapshot's rows of ``table`` that match ``where`` (what an asset check reports).
+
+    ``columns``: the columns the first rows keep (None: all), so that a report does not bring its values to the
+    driver only to show its keys.
 
     When the Delta log says the snapshot has no row (a healthy snapshot's
     ``divergence_reports``), the answer is known without Spark: no rows, every count 0.
@@ -78,7 +82,7 @@ def matching_rows(
         return [], dict.fromkeys(counts, 0)
     with spark.sized_for(rows):
         frame = read_stage(spark.spark_session, store, table, snapshot_id).where(where)
-        return first_rows_and_counts(frame, order, counts, limit)
+        return first_rows_and_counts(frame, order, counts, limit, columns)
 
 
 def table_metadata(result: WriteResult, table: str) -> dict[str, Any]:

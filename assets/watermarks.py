@@ -5,6 +5,7 @@ from pyspark.sql import functions as F
 
 from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.tables import StepTables, read_stage, schema_check_spec
+from pipelines.ingest.judging import value_token
 from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.vectors import PARTITION_VECTORS, universe
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
@@ -43,6 +44,10 @@ def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, 
     with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
         raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
+        if store.written_without("raw_topic_snapshots", snapshot_id, "value_hash"):
+            # Ingested before raw_topic_snapshots kept each value's token: made here, from the values (re-materialize
+            # raw_topic_snapshots to keep the values out of this stage, docs/tables.md).
+            raw = raw.withColumn("value_hash", value_token())
         # Positions read that hold no row (raw Venice records skipped by rule) are not gaps; none to read when the
         # Delta log says so (every JSONL or SPEC Parquet snapshot).
         skipped = store.snapshot_rows("raw_topic_skipped", [snapshot_id])

@@ -68,8 +68,22 @@ def physical_ms(write_ts: Optional[int]) -> Optional[int]:
     return None if write_ts is None else write_ts >> 18
 
 
-def display_value(value: Optional[str], kind: str) -> Optional[str]:
-    """A value as a person reads it: Venice's ``schemaId:base64`` decoded where the bytes are text."""
+# The most characters of a value shown for one key (text, page, UI; a long value wraps, whole up to this), and on
+# the page of every reported key; the JSON document of ``replica-lens explain`` holds the value whole.
+DISPLAY_MAX_CHARS = 65_536
+REPORT_VALUE_CHARS = 2_048
+
+
+def display_value(value: Optional[str], kind: str, limit: int = DISPLAY_MAX_CHARS) -> Optional[str]:
+    """A value as a person reads it: Venice's ``schemaId:base64`` decoded where the bytes are text, and at most
+    ``limit`` characters of it, with a note where it was cut (a value of megabytes is not read by a person)."""
+    shown = _display_value(value, kind)
+    if shown is None or len(shown) <= limit:
+        return shown
+    return f"{shown[:limit]}... (cut at {limit:,} characters: the whole value is in replica-lens explain --json)"
+
+
+def _display_value(value: Optional[str], kind: str) -> Optional[str]:
     if kind == "DELETE":
         return "TOMBSTONE"
     if kind == ABSENT:
@@ -79,8 +93,10 @@ def display_value(value: Optional[str], kind: str) -> Optional[str]:
     match = _VENICE_VALUE.match(value)
     if match is None:
         return value
+    encoded = match.group(2)
     try:
-        raw = base64.b64decode(match.group(2), validate=True)
+        # A value read cut (the page of every key reads no more than it shows) decodes up to where it was cut.
+        raw = base64.b64decode(encoded[: len(encoded) - len(encoded) % 4], validate=True)
     except binascii.Error:
         return value
     try:

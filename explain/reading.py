@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 from typing import Iterable, Optional
 
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from explain.carried import continue_stream
@@ -18,8 +19,9 @@ from explain.document import ReplicaInput, explain
 from resources.delta_reader import TableReader
 from resources.errors import UsageError
 
-VERSION_COLUMNS = ("replica", "topic", "partition", "offset", "key", "kind", "value", "value_hash", "source_region",
+VERSION_COLUMNS = ("replica", "topic", "partition", "offset", "key", "kind", "value_hash", "source_region",
                    "source_offset", "write_ts", "touch_bound", "reach", "applied_lower_bound", "missing_before")
+VALUE_COLUMNS = ("replica", "offset", "key", "value")
 Place = tuple[str, int]  # (topic, partition)
 GAP_COLUMNS = ("replica", "offset", "gap_before", "missing_before", "applied_lower_bound")
 GAP_BOUNDS = ("gap_start", "gap_end")  # read where the table has them (snapshots audited since they exist)
@@ -54,10 +56,13 @@ def _partition_filter(topic: str, partition: int):
 class SnapshotTables:
     """The published tables of one audited snapshot, as ``explain`` reads them."""
 
-    def __init__(self, warehouse: str, snapshot_id: str):
+    def __init__(self, warehouse: str, snapshot_id: str, value_chars: Optional[int] = None):
+        """``value_chars``: read at most this many characters of each value, and one more where it is longer (a
+        page of every non-consistent key shows that much; None: values whole)."""
         self.reader = TableReader(warehouse)
         self.warehouse = warehouse
         self.snapshot_id = snapshot_id
+        self.value_chars = value_chars
 
     def _read(self, table: str, where=None, columns=None, optional=()):
         found = self.reader.read(table, self.snapshot_id, where, columns, optional)
@@ -107,7 +112,32 @@ class SnapshotTables:
         return {place: sorted(rows, key=lambda r: r["offset"]) for place, rows in found.items()}
 
     def versions(self, places: set[Place], keys: Iterable[str]) -> dict[Place, list[dict]]:
-        return self._rows_of("reconstructed_watermarks", places, ds.field("key").isin(sorted(set(keys))), VERSION_COLUMNS)
+        """The keys' rows of ``reconstructed_watermarks``, each PUT with its value from ``raw_topic_snapshots``."""
+        keys = sorted(set(keys))
+        # Snapshots audited while the watermarks kept the values have them there.
+        found = self._rows_of("reconstructed_watermarks", places, ds.field("key").isin(keys), VERSION_COLUMNS, ("value",))
+        if any("value" not in row for rows in found.values() for row in rows):
+            values = self.values(self.snapshot_id, places, keys)
+            for place, rows in found.items():
+                for row in rows:
+                    if "value" not in row:
+                        row["value"] = values.get((*place, row["replica"], row["offset"]))
+        return found
+
+    def values(self, snapshot_id: str, places: set[Place], keys: Iterable[str]) -> dict[tuple, Optional[str]]:
+        """(topic, partition, replica, offset) -> the value of each PUT of ``keys`` in ``snapshot_id``'s raw rows."""
+        topics, partitions = sorted({t for t, _ in places}), sorted({p for _, p in places})
+        where = (ds.field("topic").isin(topics) & ds.field("partition").isin(partitions)
+                 & ds.field("key").isin(sorted(set(keys))) & (ds.field("kind") == "PUT"))
+        found = self.reader.read("raw_topic_snapshots", snapshot_id, where, ["topic", "partition", *VALUE_COLUMNS],
+                                 sized_by="value_bytes")
+        if found is None:
+            return {}
+        if self.value_chars is not None:  # cut in Arrow: the Python strings are no longer than what is shown
+            cut = pc.utf8_slice_codeunits(found.column("value"), 0, self.value_chars + 1)
+            found = found.set_column(found.schema.get_field_index("value"), "value", cut)
+        return {(r["topic"], r["partition"], r["replica"], r["offset"]): r["value"] for r in found.to_pylist()
+                if (r["topic"], r["partition"]) in places}
 
     def reports(self, places: set[Place], keys: Iterable[str]) -> dict[Place, list[dict]]:
         if not self.reader.exists("divergence_reports"):
@@ -146,6 +176,16 @@ class SnapshotTables:
                     contexts[part] = row
                 else:
                     versions[(*part, row["key"])] = row
+        # A state keeps each version's token; its value is in the raw rows of the snapshot it was read from (states
+        # written while they kept values have it already).
+        unvalued: dict[str, list[dict]] = {}
+        for row in versions.values():
+            if row["value"] is None and row["kind"] == "PUT" and row["origin_snapshot_id"] is not None:
+                unvalued.setdefault(row["origin_snapshot_id"], []).append(row)
+        for origin, rows in sorted(unvalued.items()):
+            values = self.values(origin, {(r["topic"], r["partition"]) for r in rows}, [r["key"] for r in rows])
+            for row in rows:
+                row["value"] = values.get((row["topic"], row["partition"], row["replica"], row["offset"]))
         return contexts, versions
 
     def is_venice(self) -> Optional[bool]:

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from explain.document import VERDICT_ORDER, redact, worst_verdict
+from explain.document import REPORT_VALUE_CHARS, VERDICT_ORDER, display_value, redact, worst_verdict
 from explain.reading import SnapshotTables, explain_places
 from resources.delta_reader import warehouse_uri
 from resources.filesystem import Location
@@ -87,7 +87,9 @@ def build_report(
     """
     from explain.page import snapshot_page
 
-    tables = SnapshotTables(warehouse, snapshot_id)
+    # Every value is read no longer than it is shown: a page of many keys with values of megabytes stays small.
+    # (twice what is shown, so that a Venice value, base64 text, still decodes past it).
+    tables = SnapshotTables(warehouse, snapshot_id, value_chars=2 * REPORT_VALUE_CHARS)
     reported = tables.reader.read("divergence_reports", snapshot_id, columns=["topic", "partition", "key"])
     wanted: dict[tuple[str, int], set[str]] = {}
     for row in ([] if reported is None else reported.to_pylist()):
@@ -101,6 +103,10 @@ def build_report(
         pictured.setdefault((doc["topic"], doc["partition"]), []).append(doc["key"])
     again = explain_places(tables, pictured, venice)
     docs[:pictures] = [again[(d["topic"], d["partition"])][d["key"]] for d in docs[:pictures]]
+    for doc in docs:  # the values were read cut past what the page shows
+        for replica in doc["replicas"]:
+            for version in replica["versions"]:
+                version["value_display"] = display_value(version["value"], version["kind"], REPORT_VALUE_CHARS)
     if redacting:
         for doc in docs:
             redact(doc)

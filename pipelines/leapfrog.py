@@ -551,19 +551,26 @@ def _verdicts(compared: DataFrame, pairs: DataFrame, regions: list[str]) -> Data
     )
 
 
-def _with_values(reports: DataFrame, row_watermarks: DataFrame) -> DataFrame:
-    """The value of each witness, looked up in ``row_watermarks`` (⊥ has none); one scan for the few witnesses."""
+def _with_values(reports: DataFrame, values: DataFrame | None) -> DataFrame:
+    """The value of each witness, looked up by its position in ``values`` (``raw_topic_snapshots``' rows).
+
+    The values travel nowhere else: the comparison carries each version's token (``value_hash``). One join of the
+    few witnesses against ``values``; ⊥ has no value, and a witness ``values`` does not hold (a version carried from
+    an earlier snapshot, whose value is in that snapshot's ``raw_topic_snapshots``) keeps a null value beside its
+    hash. ``values`` None: every witness's value is left null.
+    """
+    if values is None:
+        return reports.select("*", *[F.lit(None).cast(T.StringType()).alias(f"witness_value_{s}") for s in SIDES])
     wanted = reports.select(
         *PART, "key", F.inline(F.array(*[
             F.struct(F.col(f"replica_{s}").alias("replica"), F.col(f"witness_offset_{s}").alias("offset"))
             for s in SIDES
         ]))
     ).where(F.col("offset").isNotNull()).distinct()
-    values = row_watermarks.join(wanted, on=[*REPLICA_PARTITION, "key", "offset"], how="inner").select(
-        *REPLICA_PARTITION, "key", "offset", "value"
-    )
+    found = values.where(F.col("kind") == "PUT").join(wanted, on=[*REPLICA_PARTITION, "key", "offset"], how="inner")
+    found = found.select(*REPLICA_PARTITION, "key", "offset", "value")
     for s in SIDES:
-        side = values.select(
+        side = found.select(
             *PART, F.col("replica").alias(f"replica_{s}"), "key",
             F.col("offset").alias(f"witness_offset_{s}"), F.col("value").alias(f"witness_value_{s}"),
         )
@@ -625,7 +632,8 @@ class Comparison:
 
 
 def compare(
-    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None, rows: int | None = None
+    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None, rows: int | None = None,
+    values: DataFrame | None = None,
 ) -> Comparison:
     """Leap Frog over every replica pair, and every key's last version per replica, from one pass.
 
@@ -633,7 +641,8 @@ def compare(
     is read here. The pass's output is computed once (a local checkpoint, or a local relation
     when it ran on the driver); the reports, the summary and the last versions each read it.
     ``rows``: at most how many rows ``row_watermarks`` holds, when the caller knows (the Delta
-    log does); at most ``DRIVER_MAX_ROWS`` the pass runs on the driver.
+    log does); at most ``DRIVER_MAX_ROWS`` the pass runs on the driver. ``values``: the snapshot's
+    ``raw_topic_snapshots`` rows, where the witnesses' values are looked up (``_with_values``).
     """
     layout = comparison_layout(partition_wm) if layout is None else layout
     spark = row_watermarks.sparkSession
@@ -644,7 +653,7 @@ def compare(
     compared = compared if on_driver else computed_once(compared)
     per_pair = compared.where(F.col("pair_id").isNotNull())
     verdicts = _verdicts(per_pair, pairs, layout.regions)
-    reports = _with_values(verdicts.where(F.col("verdict") != "CONSISTENT"), row_watermarks)
+    reports = _with_values(verdicts.where(F.col("verdict") != "CONSISTENT"), values)
     regions = layout.regions
     last_versions = compared.where(F.col("pair_id").isNull()).join(
         F.broadcast(ids), on=["part_id", "replica_id"], how="inner"
@@ -662,8 +671,9 @@ def compare(
 
 
 def compare_replicas(
-    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None, rows: int | None = None
+    row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None, rows: int | None = None,
+    values: DataFrame | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """Leap Frog over every replica pair: (``divergence_reports``, ``divergence_summary``) of ``compare``."""
-    comparison = compare(row_watermarks, partition_wm, layout, rows)
+    comparison = compare(row_watermarks, partition_wm, layout, rows, values)
     return comparison.reports, comparison.summary

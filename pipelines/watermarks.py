@@ -30,13 +30,6 @@ from schemas.conform import conform
 from schemas.raw import DATA_KINDS, VECTOR
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
-TOMBSTONE = "TOMBSTONE"
-
-
-def value_token() -> Column:
-    """The content a version holds, comparable by equality: sha256 of a PUT's value, TOMBSTONE for a DELETE."""
-    return F.when(F.col("kind") == "DELETE", F.lit(TOMBSTONE)).otherwise(F.sha2(F.col("value"), 256))
-
 
 def bottom_reach() -> Column:
     """The reach ⊥ would have if this row were its key's first: its ``L``, or ``L`` at the dump's first gap when one
@@ -157,7 +150,6 @@ def reconstruct_watermarks(
     )
     rows = rows.select(
         "*",
-        value_token().alias("value_hash"),
         F.when(floor.isNotNull(), touched).alias("touch_bound"),
         reach.alias("reach"),
     )

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from resources.filesystem import delta_storage_options, spark_uri
 from resources.snapshots import UnsafeNameError, check_snapshot_id
+from resources.tuning import parquet_batch_rows
 
 PARTITION_COLUMN = "snapshot_id"
 TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,127}$")
@@ -39,6 +40,18 @@ def table_uri(root: str, table: str) -> str:
     return f"{warehouse_uri(root)}/{check_table_name(table)}"
 
 
+def snapshot_column_max(dt, snapshot_id: str, column: str) -> Optional[int]:
+    """The largest value of a numeric ``column`` in ``snapshot_id``'s files of the Delta table ``dt``, from the
+    log's statistics (no data is read); None when no file of the snapshot has one (all null, or no such column)."""
+    actions = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+    highs = actions.get(f"max.{column}")
+    parts = actions.get(f"partition.{PARTITION_COLUMN}", [])
+    if highs is None:
+        return None
+    known = [int(high) for high, part in zip(highs, parts) if part == snapshot_id and high is not None]
+    return max(known) if known else None
+
+
 class TableReader:
     """The published tables under one warehouse root, read with delta-rs (no Spark)."""
 
@@ -52,13 +65,15 @@ class TableReader:
 
     def read(
         self, table: str, snapshot_id: str, where=None, columns: Optional[Sequence[str]] = None,
-        optional: Sequence[str] = (),
+        optional: Sequence[str] = (), sized_by: Optional[str] = None,
     ) -> Optional[pa.Table]:
         """The rows of ``snapshot_id`` in ``table`` that match ``where`` (a ``pyarrow.dataset`` expression).
 
         Only that snapshot's files are opened (the partition filter prunes by the Delta log),
         and only ``columns`` (default: all) are read, with those of ``optional`` the table has (columns added
-        since older snapshots were written). None when the table does not exist.
+        since older snapshots were written). None when the table does not exist. ``sized_by``: a column whose
+        largest value in the log bounds the bytes of a row read (``value_bytes``): the rows are then decoded in
+        batches that hold about ``PARQUET_BATCH_BYTES``, one at a time, before the filter keeps the few wanted.
         """
         from deltalake import DeltaTable
         import pyarrow.dataset as ds
@@ -73,4 +88,8 @@ class TableReader:
             condition = condition & where
         if columns is not None:
             columns = [*columns, *[c for c in optional if c in dataset.schema.names]]
-        return dataset.to_table(filter=condition, columns=columns)
+        rows = None if sized_by is None else parquet_batch_rows(snapshot_column_max(dt, snapshot_id, sized_by))
+        if rows is None:
+            return dataset.to_table(filter=condition, columns=columns)
+        return dataset.to_table(filter=condition, columns=columns, batch_size=rows, batch_readahead=1,
+                                fragment_readahead=1)

@@ -56,7 +56,14 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from resources.delta_reader import PARTITION_COLUMN, TABLE_NAME, check_table_name, table_uri, warehouse_uri
+from resources.delta_reader import (
+    PARTITION_COLUMN,
+    TABLE_NAME,
+    check_table_name,
+    snapshot_column_max,
+    table_uri,
+    warehouse_uri,
+)
 from resources.delta_stats import file_stats
 from resources.errors import InvalidSetting
 from resources.filesystem import Location, delta_storage_options
@@ -84,7 +91,9 @@ DISTINCT_STRING_PREFIXES = ("witness_", "last_hash_")
 
 def parquet_options(struct: T.StructType) -> dict[str, str]:
     """Writer options: Parquet dictionary encoding for the string columns whose values repeat, and no others."""
-    options = {"parquet.enable.dictionary": "false"}
+    # A page's size is checked from its first row on (Parquet checks every 100 rows at first): a page of large
+    # values is written out as soon as it is full, instead of holding a hundred of them decoded.
+    options = {"parquet.enable.dictionary": "false", "parquet.page.size.row.check.min": "1"}
     for f in struct.fields:
         repeats = f.name not in DISTINCT_STRINGS and not f.name.startswith(DISTINCT_STRING_PREFIXES)
         if isinstance(f.dataType, T.StringType) and repeats:
@@ -660,6 +669,30 @@ class DeltaStore(dg.ConfigurableResource):
         if any(n is None for n in chosen):
             return None
         return int(sum(chosen))
+
+    def column_max(self, table: str, snapshot_id: str, column: str) -> Optional[int]:
+        """The largest value of a numeric ``column`` in ``snapshot_id``'s rows, from the Delta log's file statistics
+        (no data is read); None when the table does not exist or no file of the snapshot has one."""
+        from deltalake import DeltaTable
+
+        if not self.exists(table):
+            return None
+        dt = DeltaTable(self.table_uri(table), storage_options=delta_storage_options())
+        return snapshot_column_max(dt, snapshot_id, column)
+
+    def written_without(self, table: str, snapshot_id: str, column: str) -> bool:
+        """Whether some file of ``snapshot_id`` in ``table`` lacks ``column`` (written before the column existed).
+
+        From the log's statistics, and the Parquet footer of a file without any for the column; no data is read.
+        """
+        from deltalake import DeltaTable
+
+        if not self.exists(table):
+            return False
+        actions = _add_actions(DeltaTable(self.table_uri(table), storage_options=delta_storage_options()))
+        files = _files_by_snapshot(actions, self.table_uri(table), snapshot_id).get(snapshot_id, [])
+        missing, _ = _absent_columns(files, [column])
+        return bool(missing)
 
     def version(self, table: str) -> Optional[int]:
         from deltalake import DeltaTable

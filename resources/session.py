@@ -202,6 +202,32 @@ def code_generation(session: SparkSession, rows: Optional[int], max_interpreted_
         yield chosen
 
 
+PARQUET_BATCH_KEY = "spark.sql.parquet.columnarReaderBatchSize"
+
+
+@contextmanager
+def parquet_batches(session: SparkSession, rows: Optional[int]) -> Iterator[Optional[int]]:
+    """Within the block, the queries this session plans read Parquet ``rows`` rows per batch (None: unchanged).
+
+    For a query that reads a column of large values (the witnesses' values): Spark's reader holds a
+    whole batch of a column in memory, and its default of 4096 rows of values of megabytes is more
+    than an executor's heap. The setting is the session's: a step planning a query beside this
+    block reads with the smaller batches too, which costs it time, never a result.
+    """
+    if rows is None:
+        yield None
+        return
+    previous = session.conf.get(PARQUET_BATCH_KEY, None)
+    session.conf.set(PARQUET_BATCH_KEY, str(rows))
+    try:
+        yield rows
+    finally:
+        if previous is None:
+            session.conf.unset(PARQUET_BATCH_KEY)
+        else:
+            session.conf.set(PARQUET_BATCH_KEY, previous)
+
+
 # Compiled generated classes kept per JVM (static: read when the session starts).
 CODEGEN_CACHE_ENTRIES = 2000
 

@@ -1,4 +1,7 @@
 """Default sizes of the Spark session and of housekeeping, importable without starting anything (the CLI reads them)."""
+from __future__ import annotations
+
+from typing import Optional
 
 # An upper bound, not a task count: adaptive execution merges each shuffle's partitions to
 # about 32 MB, so 2 million rows run in a dozen tasks and 20 million in a hundred or more.
@@ -15,3 +18,20 @@ DEFAULT_RETENTION_HOURS = 7 * 24
 # Steps of one audit run at once, on threads of the run's process (replica_lens/executor.py).
 # Measured on the 2-core development machine (docs/performance.md, "Levers tried").
 DEFAULT_CONCURRENT_STEPS = 2
+
+# Spark's Parquet reader decodes up to this many rows of a row group at once (its default), every value whole.
+PARQUET_BATCH_ROWS = 4096
+# What a batch of a column whose values are large may hold: a batch of rows then shrinks to fit
+# (``parquet_batch_rows``), down to one row.
+PARQUET_BATCH_BYTES = 64 * 1024 * 1024
+
+
+def parquet_batch_rows(largest_value: Optional[int], budget: int = PARQUET_BATCH_BYTES) -> Optional[int]:
+    """Rows per Parquet reader batch so that a batch of a column whose values take at most ``largest_value`` bytes
+    holds at most about ``budget`` bytes (at least one row).
+
+    None when Spark's default batch fits (or the largest value is not known): the session is then left as it is.
+    """
+    if largest_value is None or largest_value * PARQUET_BATCH_ROWS <= budget:
+        return None
+    return max(1, budget // largest_value)

@@ -105,6 +105,16 @@ class RawTopicSnapshots(pa.DataFrameModel):
     kind: T.StringType() = pa.Field(nullable=False, isin=list(KINDS))
     key: T.StringType() = pa.Field(nullable=True)
     value: T.StringType() = pa.Field(nullable=True)
+    value_hash: T.StringType() = pa.Field(
+        nullable=True,
+        description="sha256 hex of the value, TOMBSTONE for a DELETE, null without a value: what every later "
+        "stage carries instead of the value",
+    )
+    value_bytes: T.LongType() = pa.Field(
+        nullable=True, ge=0,
+        description="Bytes of the value (UTF-8), null without one: the Delta log's largest tells a reader how large "
+        "the snapshot's values are without reading them",
+    )
     source_region: T.StringType() = pa.Field(nullable=True)
     source_offset: T.LongType() = pa.Field(nullable=True, ge=0)
     hb_vector: VECTOR = pa.Field(nullable=True)

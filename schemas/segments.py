@@ -25,7 +25,9 @@ class HeartbeatSegments(pa.DataFrameModel):
     offset: T.LongType() = pa.Field(nullable=False, ge=0)
     kind: T.StringType() = pa.Field(nullable=False, isin=list(VERSION_TOPIC_KINDS))
     key: T.StringType() = pa.Field(nullable=True)
-    value: T.StringType() = pa.Field(nullable=True)
+    value_hash: T.StringType() = pa.Field(
+        nullable=True, description="sha256 hex of the value, TOMBSTONE for a DELETE (the value: raw_topic_snapshots)"
+    )
     source_region: T.StringType() = pa.Field(nullable=True)
     source_offset: T.LongType() = pa.Field(nullable=True, ge=0)
     hb_vector: VECTOR = pa.Field(nullable=True)

@@ -26,7 +26,11 @@ class ReplicaState(pa.DataFrameModel):
     key: T.StringType() = pa.Field(nullable=True)
     offset: T.LongType() = pa.Field(nullable=True, ge=0, description="VERSION: offset of the key's last data row")
     kind: T.StringType() = pa.Field(nullable=True, isin=list(DATA_KINDS))
-    value: T.StringType() = pa.Field(nullable=True)
+    value: T.StringType() = pa.Field(
+        nullable=True,
+        description="VERSION: null (the value is in raw_topic_snapshots of origin_snapshot_id, at offset); kept for "
+        "the states written while the state held values, whose checksums cover it",
+    )
     value_hash: T.StringType() = pa.Field(nullable=True, description="VERSION: sha256 of the value, or TOMBSTONE")
     source_region: T.StringType() = pa.Field(nullable=True)
     source_offset: T.LongType() = pa.Field(nullable=True, ge=0)

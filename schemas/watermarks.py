@@ -17,9 +17,10 @@ class ReconstructedWatermarks(pa.DataFrameModel):
     offset: T.LongType() = pa.Field(nullable=False, ge=0)
     key: T.StringType() = pa.Field(nullable=False)
     kind: T.StringType() = pa.Field(nullable=False, isin=list(DATA_KINDS))
-    value: T.StringType() = pa.Field(nullable=True)
     value_hash: T.StringType() = pa.Field(
-        nullable=False, description="Content token: sha256 hex of the value for PUT, 'TOMBSTONE' for DELETE"
+        nullable=False,
+        description="Content token: sha256 hex of the value for PUT, 'TOMBSTONE' for DELETE (the value itself is in "
+        "raw_topic_snapshots, at the row's position)",
     )
     source_region: T.StringType() = pa.Field(nullable=False)
     source_offset: T.LongType() = pa.Field(nullable=False, ge=0)

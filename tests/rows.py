@@ -1,6 +1,7 @@
 """Build small frames shaped like the project's tables from plain Python dicts."""
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -10,11 +11,24 @@ from schemas.raw import RawTopicSnapshots
 
 
 def raw_frame(spark: SparkSession, rows: Iterable[dict[str, Any]], snapshot_id: str = "t") -> DataFrame:
-    """A ``raw_topic_snapshots``-shaped frame; fields a row leaves out are null."""
+    """A ``raw_topic_snapshots``-shaped frame; fields a row leaves out are null, but ``value_hash`` and ``value_bytes``,
+    computed from the value as the ingestion does (in plain Python)."""
     struct = RawTopicSnapshots.to_structtype()
     defaults = {"snapshot_id": snapshot_id, "copies": 1, "source_file": "test.jsonl"}
-    records = [tuple({**defaults, **row}.get(f.name) for f in struct.fields) for row in rows]
+    records = [tuple({**defaults, "value_hash": value_hash(row), "value_bytes": value_bytes(row), **row}.get(f.name)
+                     for f in struct.fields) for row in rows]
     return spark.createDataFrame(records, struct)
+
+
+def value_hash(row: dict[str, Any]) -> str | None:
+    """The token of a row's value: TOMBSTONE for a DELETE, else the sha256 hex of its value (None without one)."""
+    if row.get("kind") == "DELETE":
+        return "TOMBSTONE"
+    return None if row.get("value") is None else hashlib.sha256(row["value"].encode("utf-8")).hexdigest()
+
+
+def value_bytes(row: dict[str, Any]) -> int | None:
+    return None if row.get("value") is None else len(row["value"].encode("utf-8"))
 
 
 # Fixtures that ship with the repository: a two-region snapshot with injected faults

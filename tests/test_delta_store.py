@@ -8,6 +8,7 @@ from deltalake import DeltaTable
 
 from resources.delta_store import DeltaStore, UnsafeNameError, check_snapshot_id
 from resources.session import delta_jars, has_native_delta
+from resources.tuning import PARQUET_BATCH_BYTES, PARQUET_BATCH_ROWS, parquet_batch_rows
 from schemas.raw import RawTopicSnapshots
 from tests.rows import raw_frame
 
@@ -323,3 +324,22 @@ def test_an_older_snapshot_is_not_compacted_and_is_refused_when_another_tool_com
     assert s1_files() == 1
     with _refused(r" \(its files hold first_kind, opening_has_vector as nulls: compacted after the upgrade\)"):
         read_stage(spark, store, SUMMARY, "s1")
+
+
+def test_a_snapshot_s_largest_value_comes_from_the_log_and_sizes_the_reader_s_batches(spark, store):
+    # Bugs caught: the largest value of another snapshot (or of every snapshot) taken for this one's, a maximum read
+    # from the data instead of the log (it would read every value), an unknown size taken for a small one, and a
+    # batch that still holds more than its budget of large values (or shrinks batches of small ones).
+    small, large = _rows(3), _rows(2, replica="dc-b")
+    large[1]["value"] = "x" * 5000
+    store.write_snapshot(spark, raw_frame(spark, small, "s1"), "raw_topic_snapshots", "s1", STRUCT)
+    store.write_snapshot(spark, raw_frame(spark, small + large, "s2"), "raw_topic_snapshots", "s2", STRUCT)
+    assert store.column_max("raw_topic_snapshots", "s1", "value_bytes") == 2
+    assert store.column_max("raw_topic_snapshots", "s2", "value_bytes") == 5000
+    assert store.column_max("raw_topic_snapshots", "s3", "value_bytes") is None
+    assert store.column_max("no_such_table", "s1", "value_bytes") is None
+    assert parquet_batch_rows(None) is None and parquet_batch_rows(2) is None
+    assert parquet_batch_rows(PARQUET_BATCH_BYTES // PARQUET_BATCH_ROWS) is None
+    rows = parquet_batch_rows(16 * 1024 * 1024)
+    assert rows * 16 * 1024 * 1024 <= PARQUET_BATCH_BYTES and rows >= 1
+    assert parquet_batch_rows(10 * PARQUET_BATCH_BYTES) == 1

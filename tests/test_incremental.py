@@ -54,7 +54,11 @@ from schemas.state import ReplicaState
 from schemas.validation import validation_errors
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 from tests.reference_leapfrog import compare_key, dumps_of, heartbeat, put, reference_verdicts, sop, stream
-from tests.rows import raw_frame
+from tests.rows import raw_frame, value_hash
+
+
+def token(value: str) -> str:
+    return value_hash({"kind": "PUT", "value": value})
 
 A, B = "dc-a", "dc-b"
 TOPIC = "orders"
@@ -253,9 +257,9 @@ def test_carry_over_extends_l_u_m_and_adds_each_carried_version_at_its_real_offs
     # Carried versions: S2's snapshot id, U from the stream (P = {} after START_OF_PUSH), M = L'(end)
     # since S2 does not write them, and L of the key's first row in the stream (the reach of ⊥).
     k2 = got[(A, "k2", 2)]
-    assert (k2["snapshot_id"], k2["value"], k2["touch_bound"], k2["reach"]) == ("s2", "y", {A: 1}, {A: 5})
+    assert (k2["snapshot_id"], k2["value_hash"], k2["touch_bound"], k2["reach"]) == ("s2", token("y"), {A: 1}, {A: 5})
     assert k2["applied_lower_bound"] == {A: 0}
-    assert (got[(B, "k4", 2)]["value"], got[(B, "k4", 2)]["reach"]) == ("CORRUPT", {A: 5})
+    assert (got[(B, "k4", 2)]["value_hash"], got[(B, "k4", 2)]["reach"]) == (token("CORRUPT"), {A: 5})
     part = {r["replica"]: r for r in topic_rows(s2.parts, TOPIC)}
     # The stream started at START_OF_PUSH in S1; S2's own offsets and counts stay S2's.
     assert part[A]["starts_with_sop"] and part[A]["pre_history_bound"] == {} and part[A]["end_lower_bound"] == {A: 5}
@@ -317,7 +321,7 @@ def test_context_problems_finds_missing_changed_and_duplicated_state(audits):
     assert problems(versions.orderBy(F.col("key").desc()).repartition(3), contexts) == set()
     without_k2 = versions.where(~((F.col("replica") == A) & (F.col("key") == "k2")))
     assert problems(without_k2, contexts) == {(A, "STATE_ROWS"), (A, "STATE_CHECKSUM")}
-    changed = versions.withColumn("value", F.when(F.col("key") == "k4", F.lit("w")).otherwise(F.col("value")))
+    changed = versions.withColumn("value_hash", F.when(F.col("key") == "k4", F.lit("w")).otherwise(F.col("value_hash")))
     assert problems(changed, contexts) == {(A, "STATE_CHECKSUM"), (B, "STATE_CHECKSUM")}
     assert problems(versions, contexts.unionByName(contexts.where(F.col("replica") == B))) == {(B, "DUPLICATE_CONTEXT")}
 
@@ -709,13 +713,16 @@ def table(spark, warehouse: Path, name: str, snapshot_id: str) -> DataFrame:
 
 @pytest.fixture(scope="module")
 def seeded(spark, audits, tmp_path_factory) -> tuple[Path, Path]:
-    """A warehouse holding S1's state of "orders" (as the divergence asset writes it), and S2 in the landing zone."""
+    """A warehouse holding S1's state of "orders" (as the divergence asset writes it) and its raw rows (where the
+    values of its versions are), and S2 in the landing zone."""
     root = tmp_path_factory.mktemp("incremental")
     landing, warehouse = root / "landing", root / "warehouse"
     write_landing(landing, "s2", [r for r in audits.s2_rows if r["topic"] == TOPIC])
     store = DeltaStore(warehouse_root=str(warehouse))
     orders_state = audits.s1.state.where(F.col("topic") == TOPIC)
     store.write_snapshot(spark, orders_state, "replica_state", "s1", struct_for("replica_state"))
+    orders_raw = raw_frame(spark, [r for r in audits.s1_rows if r["topic"] == TOPIC], "s1")
+    store.write_snapshot(spark, orders_raw, "raw_topic_snapshots", "s1", struct_for("raw_topic_snapshots"))
     return landing, warehouse
 
 

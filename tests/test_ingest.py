@@ -2,6 +2,8 @@
 and rows read = rows accepted + rows quarantined, always."""
 from __future__ import annotations
 
+import hashlib
+
 import gzip
 import json
 import zlib
@@ -456,6 +458,36 @@ def test_a_bad_row_at_a_good_rows_position_is_no_conflict(messy):
     assert bad["reason"] == "NEGATIVE_VALUE"
     (good,) = [a for a in messy["accepted"] if a["replica"] == "dc-a" and a["offset"] == 1]
     assert (good["key"], good["value"], good["copies"]) == ("k1", "v1", 1)
+
+
+def test_each_accepted_row_carries_its_value_s_token_and_size(messy):
+    # Bugs caught: a token computed from another text than the value (the line, an escaped form), a DELETE or a
+    # heartbeat given a value's token, a size in characters instead of bytes (the reader's batches are sized by it).
+    for row in messy["accepted"]:
+        value = row["value"]
+        if row["kind"] == "DELETE":
+            assert (row["value_hash"], row["value_bytes"]) == ("TOMBSTONE", None)
+        elif value is None:
+            assert (row["value_hash"], row["value_bytes"]) == (None, None)
+        else:
+            assert row["value_hash"] == hashlib.sha256(value.encode("utf-8")).hexdigest()
+            assert row["value_bytes"] == len(value.encode("utf-8"))
+
+
+def test_a_value_s_token_and_size_are_of_its_utf8_bytes_and_equal_tokens_collapse_copies(spark):
+    # Bugs caught: a size counted in characters (4 for "é✓ a" instead of 7), a token of the JSON text ("\\u00e9")
+    # instead of the value, and two copies of one message at one position taken for a conflict now that the
+    # judging compares tokens instead of values (or two different values taken for copies).
+    value = "é✓ a"
+    rows = [put(1, value=value), put(1, value=value), put(2, value="x"), put(2, value="y")]
+    lines = spark.createDataFrame([("x.jsonl", json.dumps(r)) for r in rows], "source_file string, raw string")
+    accepted, quarantined = validate_rows(lines, "s1")
+    (only,) = accepted.collect()
+    assert (only["value"], only["copies"], only["value_bytes"]) == (value, 2, 7)
+    assert only["value_hash"] == hashlib.sha256(value.encode("utf-8")).hexdigest()
+    assert sorted((q["offset"], q["reason"]) for q in quarantined.collect()) == [
+        (2, "CONFLICTING_POSITION"), (2, "CONFLICTING_POSITION")
+    ]
 
 
 def test_malformed_lines_are_quarantined(messy):

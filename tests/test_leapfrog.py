@@ -150,10 +150,12 @@ ALL_ROWS = [row for rows in SCENARIOS.values() for row in rows] + example_rows()
 
 @pytest.fixture(scope="module")
 def stages(spark):
-    annotated = annotate_segments(raw_frame(spark, ALL_ROWS)).localCheckpoint()
+    raw = raw_frame(spark, ALL_ROWS).localCheckpoint()
+    annotated = annotate_segments(raw).localCheckpoint()
     row_watermarks = reconstruct_watermarks(annotated).localCheckpoint()
     partition_wm = partition_watermarks(summarize_segments(annotated)).localCheckpoint()
-    reports, summary = compare_replicas(row_watermarks, partition_wm)
+    # The witnesses' values are looked up in the raw rows by position: the watermarks carry tokens only.
+    reports, summary = compare_replicas(row_watermarks, partition_wm, values=raw)
     return {
         "watermarks": row_watermarks,
         "partitions": partition_wm,
@@ -502,7 +504,8 @@ def test_a_hot_key_is_compared_with_work_linear_in_its_versions(spark):
     sizes = (HOT_VERSIONS, 2 * HOT_VERSIONS)
     topic = {n: f"hot_{n}" for n in sizes}
     rows = {n: hot_key_rows(topic[n], n) for n in sizes}
-    annotated = annotate_segments(raw_frame(spark, [r for n in sizes for r in rows[n]])).localCheckpoint()
+    raw = raw_frame(spark, [r for n in sizes for r in rows[n]]).localCheckpoint()
+    annotated = annotate_segments(raw).localCheckpoint()
     partition_wm = partition_watermarks(summarize_segments(annotated)).localCheckpoint()
     row_wm = reconstruct_watermarks(annotated, partition_wm).localCheckpoint()
 
@@ -511,7 +514,7 @@ def test_a_hot_key_is_compared_with_work_linear_in_its_versions(spark):
         # Each size's inputs saved on their own, so that reading them counts for that size only.
         versions, partitions = (f.where(F.col("topic") == topic[n]).localCheckpoint() for f in (row_wm, partition_wm))
         with measure_work(spark) as work:
-            reports, summary = compare_replicas(versions, partitions)
+            reports, summary = compare_replicas(versions, partitions, values=raw.where(F.col("topic") == topic[n]))
             found = reports.collect()
             counts = summary.collect()
         compared[n] = work

@@ -6,6 +6,7 @@ from pyspark.sql import functions as F
 
 from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.vectors import region_universe
+from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
 from schemas.validation import validation_errors
 from tests.reference_leapfrog import delete, heartbeat, put, sop, stream
@@ -137,3 +138,20 @@ def test_the_region_universe_holds_every_source_region_and_every_vector_key_once
     assert region_universe(frame, region_columns=["source_region"], vector_columns=["hb_vector"]) == ["dc-a", "dc-b", "dc-z"]
     assert region_universe(frame, vector_columns=["hb_vector"]) == ["dc-a", "dc-z"]
     assert region_universe(frame) == []
+
+
+def test_no_stage_after_the_ingestion_reads_a_value(spark, tmp_path):
+    # Bug caught: a value carried past raw_topic_snapshots again (a column kept by "*", a token computed from the
+    # value instead of read): every sort, window and batch of the stages would then hold each value, which is what
+    # exhausted the heap with many values of megabytes (docs/venice-input.md, "Memory").
+    path = str(tmp_path / "raw")
+    raw_frame(spark, ROWS).write.parquet(path)
+    raw = spark.read.parquet(path)
+    annotated = annotate_segments(raw)
+    rows = reconstruct_watermarks(annotated, partition_watermarks(summarize_segments(annotated)))
+    for frame in (annotated, rows):
+        leaves = frame._jdf.queryExecution().sparkPlan().collectLeaves()  # before adaptive execution wraps it
+        scanned = [list(leaves.apply(i).requiredSchema().fieldNames()) for i in range(leaves.size())
+                   if leaves.apply(i).nodeName().startswith("Scan parquet")]
+        assert scanned and all("value" not in s for s in scanned) and any("value_hash" in s for s in scanned), scanned
+        assert "value" not in frame.columns and "value_hash" in frame.columns

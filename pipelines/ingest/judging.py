@@ -59,6 +59,17 @@ _JSON_OPTIONS = {"allowSingleQuotes": "false", "allowNonNumericNumbers": "false"
 _STRING_FIELDS = tuple(name for name, t in MESSAGE_FIELDS.items() if isinstance(t, T.StringType))
 _MESSAGE_STRUCT = T.StructType([T.StructField(name, t) for name, t in MESSAGE_FIELDS.items()])
 _FIELD_MAP = T.MapType(T.StringType(), T.VariantType())
+TOMBSTONE = "TOMBSTONE"
+
+
+def value_token() -> Column:
+    """The content a row holds, comparable by equality: sha256 hex of its value, TOMBSTONE for a DELETE.
+
+    Computed once, where the row is read (``value_hash`` of ``raw_topic_snapshots``): every later stage compares
+    and carries the token, never the value, so no sort, window, scan or batch after the ingestion holds a value.
+    Null for a row without a value (a heartbeat); a PUT always has one (SPEC 1).
+    """
+    return F.when(F.col("kind") == "DELETE", F.lit(TOMBSTONE)).otherwise(F.sha2(F.col("value"), 256))
 
 
 def _present(name: str) -> Column:
@@ -450,6 +461,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         checked = _checked_rows(frame.where(~skip), snapshot_id)
         judged = checked.select(
             *comparable,
+            value_token().alias("value_hash"),
             "source_file",
             "raw",
             "raw_replica",
@@ -472,7 +484,9 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     # their sorted entries. The offset leads the sort, since the sort compares rows by a
     # prefix of their first column first; snapshot_id, the same on every row, is left out.
     position = ["offset", "replica", "topic", "partition"]
-    rest = [n for n in content_names if n not in position and n != "snapshot_id"]
+    # The content is compared by its value's token, not the value: windows copy what they compare (a value of
+    # megabytes once per row of a position), and equal tokens are equal values.
+    rest = ["value_hash" if n == "value" else n for n in content_names if n not in position and n != "snapshot_id"]
     at_position = Window.partitionBy(*position).orderBy(*rest, "source_file").rowsBetween(
         Window.unboundedPreceding, Window.unboundedFollowing
     )
@@ -483,6 +497,7 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         """Every row, with whether its window (a position's candidates) holds more than one content, and its rows."""
         return rows.select(
             *content_names,
+            "value_hash",
             "source_file",
             *carried,
             # EXPORTER_POSITION rows have no offset: they never conflict, whatever they hold.
@@ -512,7 +527,8 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     accepted_struct = RawTopicSnapshots.to_structtype()
     # The first copy in file order carries the smallest file name.
     accepted = conform(
-        compared.where(~F.col("conflicting")), accepted_struct, {name: F.map_from_entries(F.col(name)) for name in maps}
+        compared.where(~F.col("conflicting")), accepted_struct,
+        {**{name: F.map_from_entries(F.col(name)) for name in maps}, "value_bytes": F.octet_length("value")},
     )
 
     def build_quarantined(own: bool, conflicting: bool, buckets: list[int] | None) -> DataFrame:

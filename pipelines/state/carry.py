@@ -67,6 +67,7 @@ from pipelines.state.prior import (
     retained_states,
 )
 from pipelines.state.rows import (
+    CARRIED_COLUMNS,
     CONTEXT,
     LAST_VERSION_COLUMNS,
     REPLICA_PARTITION,
@@ -83,6 +84,7 @@ from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
 __all__ = [
+    "CARRIED_COLUMNS",
     "CONTEXT",
     "LAST_VERSION_COLUMNS",
     "MAX_LISTED",
@@ -176,7 +178,7 @@ def carry_over(
     carried = (
         prior_versions.where(F.col("row_kind") == VERSION)
         .select(F.col("snapshot_id").alias("previous_snapshot_id"), *rp,
-                *[c for c in VERSION_COLUMNS if c != "origin_snapshot_id"])
+                *CARRIED_COLUMNS)
         .join(stream, on=["previous_snapshot_id", *rp], how="inner")
     )
 

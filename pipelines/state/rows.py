@@ -23,10 +23,14 @@ CONTEXT = "CONTEXT"
 REPLICA_PARTITION = ("replica", "topic", "partition")
 VECTOR_COLUMNS = ("key_touch", "first_lower_bound", "touch_bound", "reach")
 # What a VERSION row keeps of its key's last data row (the comparison's pass returns them too: pipelines/leapfrog.py).
-LAST_VERSION_COLUMNS = ("offset", "kind", "value", "value_hash", "source_region", "source_offset", "write_ts")
-# Spark's xxhash64 skips null inputs: a state written before a column existed keeps its checksum.
-VERSION_COLUMNS = ("key", *LAST_VERSION_COLUMNS, "key_touch", "first_lower_bound", "origin_snapshot_id",
-                   "touch_bound", "reach", "missing_before")
+# The value itself is not kept: it stays in raw_topic_snapshots of ``origin_snapshot_id``, at ``offset``.
+LAST_VERSION_COLUMNS = ("offset", "kind", "value_hash", "source_region", "source_offset", "write_ts")
+# The carried columns of a VERSION row, in the checksum's order. Spark's xxhash64 skips null inputs: a state
+# written before a column existed keeps its checksum, and so does one written while states kept each version's
+# ``value`` (null since: the column stays in the table and in this list for those states).
+VERSION_COLUMNS = ("key", "offset", "kind", "value", *LAST_VERSION_COLUMNS[2:], "key_touch", "first_lower_bound",
+                   "origin_snapshot_id", "touch_bound", "reach", "missing_before")
+CARRIED_COLUMNS = tuple(c for c in VERSION_COLUMNS if c not in ("value", "origin_snapshot_id"))
 
 _DECIMAL = T.DecimalType(20, 0)  # holds any long and 2^64
 
