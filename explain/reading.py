@@ -129,13 +129,14 @@ class SnapshotTables:
         topics, partitions = sorted({t for t, _ in places}), sorted({p for _, p in places})
         where = (ds.field("topic").isin(topics) & ds.field("partition").isin(partitions)
                  & ds.field("key").isin(sorted(set(keys))) & (ds.field("kind") == "PUT"))
+        # Cut while it is read (batch by batch) where only part of each value is shown.
+        cut = None if self.value_chars is None else {
+            "value": pc.utf8_slice_codeunits(ds.field("value"), 0, self.value_chars + 1)
+        }
         found = self.reader.read("raw_topic_snapshots", snapshot_id, where, ["topic", "partition", *VALUE_COLUMNS],
-                                 sized_by="value_bytes")
+                                 sized_by="value_bytes", computed=cut)
         if found is None:
             return {}
-        if self.value_chars is not None:  # cut in Arrow: the Python strings are no longer than what is shown
-            cut = pc.utf8_slice_codeunits(found.column("value"), 0, self.value_chars + 1)
-            found = found.set_column(found.schema.get_field_index("value"), "value", cut)
         return {(r["topic"], r["partition"], r["replica"], r["offset"]): r["value"] for r in found.to_pylist()
                 if (r["topic"], r["partition"]) in places}
 

@@ -567,14 +567,19 @@ def _with_values(reports: DataFrame, values: DataFrame | None) -> DataFrame:
             for s in SIDES
         ]))
     ).where(F.col("offset").isNotNull()).distinct()
-    found = values.where(F.col("kind") == "PUT").join(wanted, on=[*REPLICA_PARTITION, "key", "offset"], how="inner")
-    found = found.select(*REPLICA_PARTITION, "key", "offset", "value")
+    # The values never go into a broadcast (a few witnesses can hold gigabytes): the positions wanted are broadcast
+    # to the scan of the values, and the values found are joined to the reports by a sort-merge join, which spills.
+    found = values.where(F.col("kind") == "PUT").join(
+        F.broadcast(wanted), on=[*REPLICA_PARTITION, "key", "offset"], how="inner"
+    ).select(*REPLICA_PARTITION, "key", "offset", "value")
     for s in SIDES:
         side = found.select(
             *PART, F.col("replica").alias(f"replica_{s}"), "key",
             F.col("offset").alias(f"witness_offset_{s}"), F.col("value").alias(f"witness_value_{s}"),
         )
-        reports = reports.join(side, on=[*PART, f"replica_{s}", "key", f"witness_offset_{s}"], how="left")
+        reports = reports.join(
+            side.hint("shuffle_merge"), on=[*PART, f"replica_{s}", "key", f"witness_offset_{s}"], how="left"
+        )
     return reports
 
 

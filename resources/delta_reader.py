@@ -65,7 +65,7 @@ class TableReader:
 
     def read(
         self, table: str, snapshot_id: str, where=None, columns: Optional[Sequence[str]] = None,
-        optional: Sequence[str] = (), sized_by: Optional[str] = None,
+        optional: Sequence[str] = (), sized_by: Optional[str] = None, computed: Optional[dict] = None,
     ) -> Optional[pa.Table]:
         """The rows of ``snapshot_id`` in ``table`` that match ``where`` (a ``pyarrow.dataset`` expression).
 
@@ -74,6 +74,8 @@ class TableReader:
         since older snapshots were written). None when the table does not exist. ``sized_by``: a column whose
         largest value in the log bounds the bytes of a row read (``value_bytes``): the rows are then decoded in
         batches that hold about ``PARQUET_BATCH_BYTES``, one at a time, before the filter keeps the few wanted.
+        ``computed``: name -> ``pyarrow.dataset`` expression, read instead of the column of that name (computed
+        batch by batch: a value cut to what is shown is never held whole beyond its batch).
         """
         from deltalake import DeltaTable
         import pyarrow.dataset as ds
@@ -88,8 +90,30 @@ class TableReader:
             condition = condition & where
         if columns is not None:
             columns = [*columns, *[c for c in optional if c in dataset.schema.names]]
+        if computed:
+            columns = {c: computed.get(c, ds.field(c)) for c in (columns or dataset.schema.names)}
         rows = None if sized_by is None else parquet_batch_rows(snapshot_column_max(dt, snapshot_id, sized_by))
         if rows is None:
             return dataset.to_table(filter=condition, columns=columns)
-        return dataset.to_table(filter=condition, columns=columns, batch_size=rows, batch_readahead=1,
-                                fragment_readahead=1)
+        return _read_in_batches(dataset, snapshot_id, where, columns, rows)
+
+
+def _read_in_batches(dataset, snapshot_id: str, where, columns, rows: int) -> pa.Table:
+    """``dataset.to_table`` of the snapshot's rows, read file by file ``rows`` rows at a time, each batch filtered
+    and projected before the next is read.
+
+    The dataset scanner decodes a whole row group of a column before it cuts batches (measured: 3.7 GB to read
+    the values of a 352-row group of 64 values of 16 MiB in batches of 4); Parquet's own batch reader decodes a
+    page at a time (430 MB).
+    """
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    parts = []
+    for fragment in dataset.get_fragments(filter=ds.field(PARTITION_COLUMN) == snapshot_id):
+        with fragment.filesystem.open_input_file(fragment.path) as handle:
+            for batch in pq.ParquetFile(handle, pre_buffer=False).iter_batches(batch_size=rows):
+                parts.append(ds.dataset(pa.Table.from_batches([batch])).to_table(filter=where, columns=columns))
+    if not parts:
+        return dataset.to_table(filter=ds.field(PARTITION_COLUMN) == snapshot_id, columns=columns).slice(0, 0)
+    return pa.concat_tables(parts)

@@ -89,11 +89,23 @@ DISTINCT_STRINGS = ("key", "value", "value_hash", "raw", "detail")
 DISTINCT_STRING_PREFIXES = ("witness_", "last_hash_")
 
 
+# Columns that hold the input's values, of any size (raw text included).
+VALUE_COLUMNS = ("value", "raw", "witness_value_a", "witness_value_b")
+
+
 def parquet_options(struct: T.StructType) -> dict[str, str]:
-    """Writer options: Parquet dictionary encoding for the string columns whose values repeat, and no others."""
-    # A page's size is checked from its first row on (Parquet checks every 100 rows at first): a page of large
-    # values is written out as soon as it is full, instead of holding a hundred of them decoded.
-    options = {"parquet.enable.dictionary": "false", "parquet.page.size.row.check.min": "1"}
+    """Writer options: Parquet dictionary encoding for the string columns whose values repeat, and no others; and
+    for a table holding values, a page's size checked after every row.
+
+    Parquet checks the size of the page it fills after 100 rows at first, then after as many rows as it expects
+    the page to take from the rows so far: after a few thousand small rows, a run of values of megabytes would
+    fill one page of gigabytes (measured: 64 values of 16 MiB made one page of 1 GiB), held whole in the
+    writer's memory and again in every reader's. Checked every row, a page closes at its size (1 MiB) or one
+    value past it.
+    """
+    options = {"parquet.enable.dictionary": "false"}
+    if any(f.name in VALUE_COLUMNS for f in struct.fields):
+        options.update({"parquet.page.size.row.check.min": "1", "parquet.page.size.check.estimate": "false"})
     for f in struct.fields:
         repeats = f.name not in DISTINCT_STRINGS and not f.name.startswith(DISTINCT_STRING_PREFIXES)
         if isinstance(f.dataType, T.StringType) and repeats:
