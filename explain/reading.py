@@ -116,18 +116,24 @@ class SnapshotTables:
         keys = sorted(set(keys))
         # Snapshots audited while the watermarks kept the values have them there.
         found = self._rows_of("reconstructed_watermarks", places, ds.field("key").isin(keys), VERSION_COLUMNS, ("value",))
-        if any("value" not in row for rows in found.values() for row in rows):
-            values = self.values(self.snapshot_id, places, keys)
+        unvalued = [row for rows in found.values() for row in rows if "value" not in row]
+        if unvalued:
+            values = self.values(self.snapshot_id, places, keys, {row["offset"] for row in unvalued})
             for place, rows in found.items():
                 for row in rows:
                     if "value" not in row:
                         row["value"] = values.get((*place, row["replica"], row["offset"]))
         return found
 
-    def values(self, snapshot_id: str, places: set[Place], keys: Iterable[str]) -> dict[tuple, Optional[str]]:
-        """(topic, partition, replica, offset) -> the value of each PUT of ``keys`` in ``snapshot_id``'s raw rows."""
+    def values(
+        self, snapshot_id: str, places: set[Place], keys: Iterable[str], offsets: Iterable[int]
+    ) -> dict[tuple, Optional[str]]:
+        """(topic, partition, replica, offset) -> the value of each PUT of ``keys`` at ``offsets`` in
+        ``snapshot_id``'s raw rows. The offsets let the Parquet statistics skip the row groups that cannot hold
+        them (the raw rows are written in offset order within each file)."""
         topics, partitions = sorted({t for t, _ in places}), sorted({p for _, p in places})
         where = (ds.field("topic").isin(topics) & ds.field("partition").isin(partitions)
+                 & ds.field("offset").isin(sorted(set(offsets)))
                  & ds.field("key").isin(sorted(set(keys))) & (ds.field("kind") == "PUT"))
         # Cut while it is read (batch by batch) where only part of each value is shown.
         cut = None if self.value_chars is None else {
@@ -184,7 +190,8 @@ class SnapshotTables:
             if row["value"] is None and row["kind"] == "PUT" and row["origin_snapshot_id"] is not None:
                 unvalued.setdefault(row["origin_snapshot_id"], []).append(row)
         for origin, rows in sorted(unvalued.items()):
-            values = self.values(origin, {(r["topic"], r["partition"]) for r in rows}, [r["key"] for r in rows])
+            values = self.values(origin, {(r["topic"], r["partition"]) for r in rows}, [r["key"] for r in rows],
+                                 [r["offset"] for r in rows])
             for row in rows:
                 row["value"] = values.get((row["topic"], row["partition"], row["replica"], row["offset"]))
         return contexts, versions
