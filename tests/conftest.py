@@ -44,6 +44,7 @@ LONGEST_FIRST = (
 # keeps both. This changes no result, only how the JVM compiles the same bytecode.
 CHILD_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 SUBMIT_OPTS = "SPARK_SUBMIT_OPTS"
+TEST_DRIVER_MEMORY = "REPLICA_LENS_TEST_DRIVER_MEMORY"
 
 
 def _without_child_options(options: str) -> str:
@@ -71,13 +72,18 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def spark():
     from resources.session import STATUS_RETENTION, build_spark_session
+    from resources.tuning import DEFAULT_DRIVER_MEMORY
 
     children = os.environ[SUBMIT_OPTS]
     os.environ[SUBMIT_OPTS] = _without_child_options(children)  # read when this process's JVM is launched
     try:
         # The tests that count Spark's work read the JVM's status stores, late in a run of thousands of jobs.
+        # REPLICA_LENS_TEST_DRIVER_MEMORY runs the tests under another heap: the fuzz tests' memory bound is
+        # measured with a small one (docs/venice-input.md, "Memory").
+        memory = os.environ.get(TEST_DRIVER_MEMORY) or DEFAULT_DRIVER_MEMORY
         session = build_spark_session(
-            master="local[2]", shuffle_partitions=4, app_name="replica-lens-tests", extra=STATUS_RETENTION
+            master="local[2]", shuffle_partitions=4, app_name="replica-lens-tests", extra=STATUS_RETENTION,
+            driver_memory=memory,
         )
     finally:
         os.environ[SUBMIT_OPTS] = children
