@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from assets.partitions import snapshot_partitions
 from assets.tables import StepTables, schema_check_spec
 from pipelines.ingest.accounting import accounting_from_tables
-from pipelines.ingest.judging import judge_rows
+from pipelines.ingest.judging import JUDGING_SPARK_SETTINGS, judge_rows
 from pipelines.ingest.reading import (
     VeniceSettings,
     list_snapshot_files,
@@ -28,6 +28,7 @@ from pipelines.venice.frame import (
 from pipelines.venice.values import Limits
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
+from resources.session import session_settings
 from resources.spark import SparkResource
 from schemas.registry import struct_for
 
@@ -97,7 +98,7 @@ def raw_topic_snapshots(
     folder = landing.require_complete(snapshot_id)
     files = list_snapshot_files(folder)
     # Raw Venice records, if the snapshot holds any: cluster id -> region from the landing resource.
-    with spark.sized_for(files.estimated_rows()) as evaluation:
+    with spark.sized_for(files.estimated_rows()) as evaluation, session_settings(session, JUDGING_SPARK_SETTINGS):
         resolutions: list[PushResolution] = []
         venice = VeniceSettings(landing.cluster_region_map(), landing.clock_uncertainty_ms(),
                                 parse_push_settings(landing.push_settings_file()), Limits.checked(**landing.limit_settings()),

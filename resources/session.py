@@ -206,26 +206,38 @@ PARQUET_BATCH_KEY = "spark.sql.parquet.columnarReaderBatchSize"
 
 
 @contextmanager
+def session_settings(session: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Within the block, the queries this session plans use ``settings``; the previous values are restored after.
+
+    The settings are the session's: a step planning a query beside the block plans it with them too.
+    """
+    previous = {key: session.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        session.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                session.conf.unset(key)
+            else:
+                session.conf.set(key, value)
+
+
+@contextmanager
 def parquet_batches(session: SparkSession, rows: Optional[int]) -> Iterator[Optional[int]]:
     """Within the block, the queries this session plans read Parquet ``rows`` rows per batch (None: unchanged).
 
     For a query that reads a column of large values (the witnesses' values): Spark's reader holds a
     whole batch of a column in memory, and its default of 4096 rows of values of megabytes is more
-    than an executor's heap. The setting is the session's: a step planning a query beside this
-    block reads with the smaller batches too, which costs it time, never a result.
+    than an executor's heap. A step planning a query beside this block reads with the smaller
+    batches too, which costs it time, never a result.
     """
     if rows is None:
         yield None
         return
-    previous = session.conf.get(PARQUET_BATCH_KEY, None)
-    session.conf.set(PARQUET_BATCH_KEY, str(rows))
-    try:
+    with session_settings(session, {PARQUET_BATCH_KEY: str(rows)}):
         yield rows
-    finally:
-        if previous is None:
-            session.conf.unset(PARQUET_BATCH_KEY)
-        else:
-            session.conf.set(PARQUET_BATCH_KEY, previous)
 
 
 # Compiled generated classes kept per JVM (static: read when the session starts).

@@ -60,6 +60,12 @@ _STRING_FIELDS = tuple(name for name, t in MESSAGE_FIELDS.items() if isinstance(
 _MESSAGE_STRUCT = T.StructType([T.StructField(name, t) for name, t in MESSAGE_FIELDS.items()])
 _FIELD_MAP = T.MapType(T.StringType(), T.VariantType())
 TOMBSTONE = "TOMBSTONE"
+# Session settings the judging's queries need (``resources.session.session_settings``). Spark keeps up to 4,096
+# rows of a window partition as copies on the heap, outside the memory it manages and spills. The judging's windows
+# hold one position's rows, whole: a record delivered a hundred times is a hundred copies of its value (measured:
+# 100 copies of a 16 MiB value exhausted the 3 GiB heap). Beyond 16 rows a partition goes to spillable pages; a
+# position rarely holds more than one row, so nothing else changes.
+JUDGING_SPARK_SETTINGS = {"spark.sql.windowExec.buffer.in.memory.threshold": "16"}
 
 
 def value_token() -> Column:
