@@ -74,13 +74,15 @@ DISPLAY_MAX_CHARS = 65_536
 REPORT_VALUE_CHARS = 2_048
 
 
-def display_value(value: Optional[str], kind: str, limit: int = DISPLAY_MAX_CHARS) -> Optional[str]:
+def display_value(value: Optional[str], kind: str, limit: int = DISPLAY_MAX_CHARS, read_cut: bool = False) -> Optional[str]:
     """A value as a person reads it: Venice's ``schemaId:base64`` decoded where the bytes are text, and at most
-    ``limit`` characters of it, with a note where it was cut (a value of megabytes is not read by a person)."""
+    ``limit`` characters of it, with a note where it was cut (a value of megabytes is not read by a person).
+    ``read_cut``: ``value`` is the start of a longer value (read no longer than shown): noted too."""
     shown = _display_value(value, kind)
-    if shown is None or len(shown) <= limit:
+    if shown is None or (len(shown) <= limit and not read_cut):
         return shown
-    return f"{shown[:limit]}... (cut at {limit:,} characters: the whole value is in replica-lens explain --json)"
+    return f"{shown[:limit]}... (cut at {min(limit, len(shown)):,} characters: the whole value is in replica-lens " \
+           "explain --json)"
 
 
 def _display_value(value: Optional[str], kind: str) -> Optional[str]:
@@ -101,8 +103,8 @@ def _display_value(value: Optional[str], kind: str) -> Optional[str]:
         return value
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = None
+    except UnicodeDecodeError as error:  # a value read cut may end inside a character: up to it
+        text = raw[: error.start].decode("utf-8") if error.reason == "unexpected end of data" else None
     if text is not None and text.isprintable():
         return f"schema {match.group(1)}: {text!r}"
     return f"schema {match.group(1)}: {len(raw)} bytes 0x{raw[:32].hex()}{'...' if len(raw) > 32 else ''}"

@@ -129,8 +129,8 @@ class SnapshotTables:
         self, snapshot_id: str, places: set[Place], keys: Iterable[str], offsets: Iterable[int]
     ) -> dict[tuple, Optional[str]]:
         """(topic, partition, replica, offset) -> the value of each PUT of ``keys`` at ``offsets`` in
-        ``snapshot_id``'s raw rows. The offsets let the Parquet statistics skip the row groups that cannot hold
-        them (the raw rows are written in offset order within each file)."""
+        ``snapshot_id``'s raw rows. The offsets let the Parquet statistics skip row groups that cannot hold them
+        (the judging leaves the raw rows sorted by offset within each of its tasks, so row groups cover ranges)."""
         topics, partitions = sorted({t for t, _ in places}), sorted({p for _, p in places})
         where = (ds.field("topic").isin(topics) & ds.field("partition").isin(partitions)
                  & ds.field("offset").isin(sorted(set(offsets)))

@@ -89,7 +89,8 @@ def build_report(
 
     # Every value is read no longer than it is shown: a page of many keys with values of megabytes stays small.
     # (twice what is shown, so that a Venice value, base64 text, still decodes past it).
-    tables = SnapshotTables(warehouse, snapshot_id, value_chars=2 * REPORT_VALUE_CHARS)
+    read_chars = 2 * REPORT_VALUE_CHARS
+    tables = SnapshotTables(warehouse, snapshot_id, value_chars=read_chars)
     reported = tables.reader.read("divergence_reports", snapshot_id, columns=["topic", "partition", "key"])
     wanted: dict[tuple[str, int], set[str]] = {}
     for row in ([] if reported is None else reported.to_pylist()):
@@ -106,7 +107,10 @@ def build_report(
     for doc in docs:  # the values were read cut past what the page shows
         for replica in doc["replicas"]:
             for version in replica["versions"]:
-                version["value_display"] = display_value(version["value"], version["kind"], REPORT_VALUE_CHARS)
+                value = version["value"]
+                version["value_display"] = display_value(
+                    value, version["kind"], REPORT_VALUE_CHARS, read_cut=value is not None and len(value) > read_chars
+                )
     if redacting:
         for doc in docs:
             redact(doc)

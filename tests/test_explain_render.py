@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from explain.document import ReplicaInput, explain, redact
+from explain.document import DISPLAY_MAX_CHARS, REPORT_VALUE_CHARS, ReplicaInput, display_value, explain, redact
 from explain.page import OPEN_FOLDS, key_page, snapshot_page
 from explain.text import NO_VERSIONS, WIDTH, render_text
 from explain.timeline import gap_id, lane_id, png, svg, uses_time_axis, witness_id
@@ -417,3 +417,21 @@ def test_a_snapshot_whose_carried_state_is_gone_is_refused_with_a_clear_error():
 
     with pytest.raises(StateNotKept, match=r"dc-b/orders/0 \(state of s1\)"):
         explain_places(Tables(), {("orders", 0): ["k4"]})
+
+
+def test_a_value_longer_than_shown_is_cut_with_a_note_and_a_cut_venice_value_still_decodes():
+    """Catches a value of megabytes shown whole (a page of gigabytes), a cut without the note saying where the whole
+    value is, and a Venice value read cut (the report reads no more than it shows) shown as raw base64."""
+    import base64
+
+    long = "x" * (DISPLAY_MAX_CHARS + 10)
+    shown = display_value(long, "PUT")
+    assert shown.startswith("x" * DISPLAY_MAX_CHARS) and "x" * (DISPLAY_MAX_CHARS + 1) not in shown
+    assert "replica-lens explain --json" in shown
+    assert display_value("y" * DISPLAY_MAX_CHARS, "PUT") == "y" * DISPLAY_MAX_CHARS  # up to the limit: whole
+    text = "é" * 3000
+    encoded = "7:" + base64.b64encode(text.encode("utf-8")).decode("ascii")
+    cut = encoded[: 2 * REPORT_VALUE_CHARS + 1]  # what the report reads of it: one character past what it keeps
+    page = display_value(cut, "PUT", REPORT_VALUE_CHARS, read_cut=True)
+    assert page.startswith("schema 7: 'éé") and "the whole value is in replica-lens explain --json" in page
+    assert display_value(encoded, "PUT") == f"schema 7: {text!r}"  # read whole: no note
