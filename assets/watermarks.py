@@ -1,4 +1,4 @@
-"""Stage 2 and 3: heartbeat-annotated segments and reconstructed watermarks (SPEC 2, 3)."""
+"""Stages 2 and 3 in one step: heartbeat-annotated segments and reconstructed watermarks (SPEC 2, 3), from one pass per stream."""
 
 import dagster as dg
 from pyspark.sql import functions as F
@@ -6,14 +6,17 @@ from pyspark.sql import functions as F
 from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.ingest.judging import value_token
-from pipelines.segments import annotate_segments, summarize_segments
-from pipelines.vectors import PARTITION_VECTORS, universe
-from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
+from pipelines.frames import computed_once
+from pipelines.segments import summarize_segments
+from pipelines.stream_pass import ran_on_driver, segment_rows, watermark_rows
+from pipelines.stream_pass import stream_pass as pass_streams
+from pipelines.watermarks import partition_watermarks
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
 
 GROUP = "watermarks"
 KINDS = {"spark", "delta"}
+STREAM_TABLES = ("heartbeat_segments", "heartbeat_segment_summary", "reconstructed_watermarks", "partition_watermarks")
 
 
 @dg.multi_asset(
@@ -29,36 +32,9 @@ KINDS = {"spark", "delta"}
             "heartbeat_segment_summary",
             group_name=GROUP,
             kinds=KINDS,
-            deps=["raw_topic_snapshots", "raw_topic_skipped"],
+            deps=["heartbeat_segments"],
             description="One row per heartbeat segment: baseline, closing watermark, rows per kind, resolved timestamp.",
         ),
-    ],
-    check_specs=[schema_check_spec("heartbeat_segments"), schema_check_spec("heartbeat_segment_summary")],
-    partitions_def=snapshot_partitions,
-    # The longest chain of the audit (segments -> watermarks -> divergence) starts first.
-    op_tags=CRITICAL_PATH,
-)
-def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
-    snapshot_id = context.partition_key
-    session = spark.spark_session
-    with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
-        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
-        raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
-        if store.written_without("raw_topic_snapshots", snapshot_id, "value_hash"):
-            # Ingested before raw_topic_snapshots kept each value's token: made here, from the values (re-materialize
-            # raw_topic_snapshots to keep the values out of this stage, docs/tables.md).
-            raw = raw.withColumn("value_hash", value_token())
-        # Positions read that hold no row (raw Venice records skipped by rule) are not gaps; none to read when the
-        # Delta log says so (every JSONL or SPEC Parquet snapshot).
-        skipped = store.snapshot_rows("raw_topic_skipped", [snapshot_id])
-        read_positions = None if skipped == 0 else read_stage(session, store, "raw_topic_skipped", snapshot_id)
-        tables.stage(annotate_segments(raw, read_positions), "heartbeat_segments")
-        tables.stage(summarize_segments(tables.frame("heartbeat_segments")), "heartbeat_segment_summary")
-        yield from tables.publish()
-
-
-@dg.multi_asset(
-    specs=[
         dg.AssetSpec(
             "reconstructed_watermarks",
             group_name=GROUP,
@@ -74,34 +50,40 @@ def heartbeat_segments(context: dg.AssetExecutionContext, spark: SparkResource, 
             description="Per replica partition: L at the end of the dump, pre-history bound P, resolved timestamp, gaps.",
         ),
     ],
-    check_specs=[schema_check_spec("reconstructed_watermarks"), schema_check_spec("partition_watermarks")],
+    check_specs=[schema_check_spec(t) for t in STREAM_TABLES],
     partitions_def=snapshot_partitions,
-    # The longest chain of the audit (segments -> watermarks -> divergence) starts first.
+    # The longest chain of the audit (stream pass -> divergence) starts first.
     op_tags=CRITICAL_PATH,
 )
-def reconstructed_watermarks(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
+def stream_pass(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
+    """One pass per stream (``pipelines/stream_pass.py``) and the four tables made of it, published together."""
     snapshot_id = context.partition_key
     session = spark.spark_session
-    with spark.sized_for(store.snapshot_rows("heartbeat_segments", [snapshot_id])) as evaluation:
-        annotated = read_stage(session, store, "heartbeat_segments", snapshot_id)
+    rows = store.snapshot_rows("raw_topic_snapshots", [snapshot_id])
+    with spark.sized_for(rows) as evaluation:
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
-        # The few partition rows first, from the segments' summary (not from every row again): P and L(end) of every
-        # data row are then read from them.
-        summary = read_stage(session, store, "heartbeat_segment_summary", snapshot_id)
-        # Their regions (what partition_regions would collect) and whether any dump has a gap are observed by the
-        # same write.
+        raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
+        if store.written_without("raw_topic_snapshots", snapshot_id, "value_hash"):
+            # Ingested before raw_topic_snapshots kept each value's token: made here, from the values (re-materialize
+            # raw_topic_snapshots to keep the values out of this stage, docs/tables.md).
+            raw = raw.withColumn("value_hash", value_token())
+        # Positions read that hold no row (raw Venice records skipped by rule) are not gaps; none to read when the
+        # Delta log says so (every JSONL or SPEC Parquet snapshot).
+        skipped = store.snapshot_rows("raw_topic_skipped", [snapshot_id])
+        read_positions = None if skipped == 0 else read_stage(session, store, "raw_topic_skipped", snapshot_id)
+        passed = pass_streams(raw, read_positions, rows=rows)
+        if not ran_on_driver(rows):
+            # Two tables are written from it: computed once, kept on local disk, not computed twice.
+            passed = computed_once(passed)
+        tables.stage(segment_rows(passed), "heartbeat_segments")
+        tables.stage(summarize_segments(tables.frame("heartbeat_segments")), "heartbeat_segment_summary")
+        # Whether any dump has a gap, and which, observed by the same write, for the materialization's metadata.
         tables.stage(
-            partition_watermarks(summary), "partition_watermarks",
-            observe={"regions": universe(vector_columns=PARTITION_VECTORS), **gap_observations()},
+            partition_watermarks(tables.frame("heartbeat_segment_summary")), "partition_watermarks",
+            observe=gap_observations(),
         )
-        observed = tables.observed("partition_watermarks")
-        tables.add_metadata("partition_watermarks", gap_metadata(observed))
-        tables.stage(
-            reconstruct_watermarks(
-                annotated, tables.frame("partition_watermarks"), observed["regions"], gaps=bool(observed["gaps"]),
-            ),
-            "reconstructed_watermarks",
-        )
+        tables.add_metadata("partition_watermarks", gap_metadata(tables.observed("partition_watermarks")))
+        tables.stage(watermark_rows(passed), "reconstructed_watermarks")
         yield from tables.publish()
 
 

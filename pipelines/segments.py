@@ -9,7 +9,8 @@ Each row also carries its *contribution* to what the replica is known to have ap
 (a heartbeat's ``hb_vector``, or its ``{source_region: source_offset}`` when it has
 none; a data row's ``{source_region: source_offset}``; nothing for START_OF_PUSH) and
 ``L(p)``, the componentwise max of the contributions strictly before it, so that the
-later stages reuse both instead of sorting the stream again.
+later stages reuse both instead of sorting the stream again. They are computed by the
+fused pass per stream (``pipelines/stream_pass.py``); this module summarizes them.
 
 Gaps (SPEC 3a) are found by the same ordering: the offsets of a version topic are
 contiguous, so positions between two consecutive positions read that hold nothing are a
@@ -25,138 +26,26 @@ of the next row: ``gap_before`` counts every position missing since the row befo
 """
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.vectors import empty_vector, region_universe, running_max, single, vector_max
+from pipelines.stream_pass import PARTITION_KEYS, segment_rows, stream_pass
+from pipelines.vectors import vector_max
 from schemas.conform import conform
-from schemas.raw import DATA_KINDS
-from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
-
-PARTITION_KEYS = ("snapshot_id", "replica", "topic", "partition")
+from schemas.segments import HeartbeatSegmentSummary
 
 
-def _by_offset() -> Window:
-    return Window.partitionBy(*PARTITION_KEYS).orderBy("offset")
-
-
-def contribution() -> Column:
-    """What a row adds to the applied lower bound of every later row of its partition."""
-    is_data = F.col("kind").isin(*DATA_KINDS)
-    return (
-        F.when(F.col("kind") == "HEARTBEAT", F.coalesce(F.col("hb_vector"), single("source_region", "source_offset")))
-        .when(is_data, single("source_region", "source_offset"))
-        .otherwise(empty_vector())
-    )
-
-
-def _last_at_heartbeat(column: Column, upto: Window) -> Column:
-    return F.last(F.when(F.col("kind") == "HEARTBEAT", column), ignorenulls=True).over(upto)
-
-
-def _resolved_ts(regions: list[str], upto: Window) -> Column:
-    # Per origin region, the origin_ts_min_ms of the last heartbeat from it so far; the
-    # resolved timestamp is the least of them. Regions not seen yet are null, which
-    # least() skips, so they do not hold the watermark back before they first appear.
-    latest = [
-        F.last(
-            F.when((F.col("kind") == "HEARTBEAT") & (F.col("source_region") == F.lit(r)), F.col("origin_ts_min_ms")),
-            ignorenulls=True,
-        ).over(upto)
-        for r in regions
-    ]
-    if not latest:
-        return F.lit(None).cast(T.LongType())
-    return latest[0] if len(latest) == 1 else F.least(*latest)
-
-
-def _with_read_positions(rows: DataFrame, read_positions: DataFrame | None) -> DataFrame:
-    """``rows`` and, as rows of kind null, the positions read that hold no row (ordered with them, then dropped).
-
-    Each position once: a record read twice (a file delivered twice) is one position, and counting it twice
-    would take one from ``missing_before`` of every later row.
-    """
-    if read_positions is None:
-        return rows
-    markers = read_positions.select(*PARTITION_KEYS, "offset").distinct().select(
-        *PARTITION_KEYS, "offset", *[F.lit(None).cast(f.dataType).alias(f.name) for f in rows.schema.fields
-                                     if f.name not in (*PARTITION_KEYS, "offset")]
-    )
-    return rows.unionByName(markers.select(*rows.columns))
-
-
-def annotate_segments(raw: DataFrame, read_positions: DataFrame | None = None) -> DataFrame:
+def annotate_segments(raw: DataFrame, read_positions: DataFrame | None = None, rows: int | None = None) -> DataFrame:
     """Every version-topic row with its segment, opening heartbeat, baseline, contribution, ``L(p)`` and gaps.
 
-    ``read_positions``: (``snapshot_id``, ``replica``, ``topic``, ``partition``, ``offset``) of
-    positions read that hold no row of the dump (records skipped by rule): they close gaps
-    and are not rows.
+    The segment columns of the fused pass (``pipelines/stream_pass.py``). ``read_positions``:
+    (``snapshot_id``, ``replica``, ``topic``, ``partition``, ``offset``) of positions read that
+    hold no row of the dump (records skipped by rule): they close gaps and are not rows.
+    ``rows``: how many rows ``raw`` has, when known (a few run on the driver).
     """
-    rows = raw.where(F.col("kind") != "EXPORTER_POSITION").withColumn("contribution", contribution())
-    # Every region a contribution can name: each row's source region and each heartbeat vector's keys.
-    regions = region_universe(rows, region_columns=["source_region"], vector_columns=["hb_vector"])
-    upto = _by_offset().rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    before = _by_offset().rowsBetween(Window.unboundedPreceding, -1)
-    # Positions between the dump's first position and this row that were not read; all in the window's one sort.
-    first_position = F.min("offset").over(upto)
-    missing_before = F.col("offset") - first_position - (F.row_number().over(_by_offset()) - 1)
-    previous = F.lag("offset", 1).over(_by_offset())
-    annotated = _with_read_positions(rows, read_positions).select(
-        "*",
-        F.sum((F.col("kind") == "HEARTBEAT").cast(T.LongType())).over(upto).alias("segment"),
-        _last_at_heartbeat(F.col("offset"), upto).alias("opening_offset"),
-        _last_at_heartbeat(F.col("contribution"), upto).alias("baseline_vector"),
-        _last_at_heartbeat(F.col("applied_ts_min_ms"), upto).alias("opening_applied_ts_min_ms"),
-        _last_at_heartbeat(F.col("applied_ts_max_ms"), upto).alias("opening_applied_ts_max_ms"),
-        running_max(F.col("contribution"), regions, before).alias("applied_lower_bound"),
-        _resolved_ts(regions, upto).alias("resolved_ts_ms"),
-        F.coalesce(F.col("offset") - previous - 1, F.lit(0)).cast(T.LongType()).alias("gap_before"),
-        missing_before.cast(T.LongType()).alias("missing_before"),
-        previous.alias("_previous"),
-    )
-    at_gap = F.col("gap_before") > 0
-    # Without read positions every position is a row, and the gaps since the row before are the ones right before
-    # it (what ``_gaps_between_rows`` would find, without its two extra windows).
-    if read_positions is None:
-        annotated = annotated.select(
-            "*",
-            F.when(at_gap, F.col("offset") - F.col("gap_before")).alias("gap_start"),
-            F.when(at_gap, F.col("offset") - 1).alias("gap_end"),
-        )
-    else:
-        annotated = _gaps_between_rows(annotated, before, upto)
-    return conform(annotated, HeartbeatSegments.to_structtype())
+    return segment_rows(stream_pass(raw, read_positions, rows))
 
-
-def _gaps_between_rows(positions: DataFrame, before: Window, upto: Window) -> DataFrame:
-    """The rows of ``positions`` (rows and read positions, with each position's own ``gap_before``), each with the
-    gaps since the row before it: a gap can end at a read position (a quarantined record, then skipped ones), and
-    it is a gap of the rows all the same (SPEC 3a).
-
-    ``gap_before`` becomes the positions missing since the previous row (``missing_before`` minus the previous
-    row's), ``gap_start`` the first of them and ``gap_end`` the last. Same ordering as the rows' other windows: no
-    sort of its own.
-    """
-    row = F.col("kind").isNotNull()
-    here = F.col("gap_before")  # positions missing right before this position, row or read
-    with_previous_row = positions.select(
-        "*", F.last(F.when(row, F.col("missing_before")), ignorenulls=True).over(before).alias("_row_missing")
-    )
-    since_row = F.coalesce(F.col("_row_missing"), F.lit(0))
-    # The first gap after the previous row: the one whose positions missing before it are the previous row's.
-    first_after_row = (here > 0) & (F.col("missing_before") - here == since_row)
-    gaps = with_previous_row.select(
-        "*",
-        F.last(F.when(first_after_row, F.col("_previous") + 1), ignorenulls=True).over(upto).alias("_first_start"),
-        F.last(F.when(here > 0, F.col("offset") - 1), ignorenulls=True).over(upto).alias("_last_end"),
-    ).where(row)
-    gap_before = (F.col("missing_before") - since_row).cast(T.LongType())
-    return gaps.withColumn("gap_before", gap_before).select(
-        "*",
-        F.when(F.col("gap_before") > 0, F.col("_first_start")).alias("gap_start"),
-        F.when(F.col("gap_before") > 0, F.col("_last_end")).alias("gap_end"),
-    )
 
 
 def bound_after_last_row() -> Column:

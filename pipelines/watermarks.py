@@ -14,21 +14,22 @@ at ``L`` of the first row after the first gap after it, and a version with a gap
 takes as floor, instead of ``P``, the vector of the first vector heartbeat after the last
 gap before it (unknown when there is none). ``L`` is unchanged.
 
-``P``, ``L(end)`` and the gaps of a dump (``partition_watermarks``) are read off the segment
+``U`` and ``M`` come from the fused pass per stream (``pipelines/stream_pass.py``), with
+``L`` and the segments. ``P``, ``L(end)`` and the gaps of a dump (``partition_watermarks``) are read off the segment
 summary, a few rows per replica partition, rather than aggregated over every row again
 (docs/performance.md).
 """
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.segments import PARTITION_KEYS, summarize_segments, summary_gap_aggregates
-from pipelines.vectors import empty_vector, partition_regions, running_max_single
+from pipelines.segments import PARTITION_KEYS, summary_gap_aggregates
+from pipelines.stream_pass import watermarks_of_segments
+from pipelines.vectors import empty_vector
 from schemas.conform import conform
-from schemas.raw import DATA_KINDS, VECTOR
-from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
+from schemas.watermarks import PartitionWatermarks
 
 
 def bottom_reach() -> Column:
@@ -71,86 +72,10 @@ def partition_watermarks(summary: DataFrame) -> DataFrame:
     return conform(bounds, PartitionWatermarks.to_structtype())
 
 
-def gap_runs(annotated: DataFrame) -> DataFrame:
-    """Per replica partition and *run* (the rows between two gaps, named by their ``missing_before``): its bounds.
+def reconstruct_watermarks(annotated: DataFrame) -> DataFrame:
+    """One row per PUT/DELETE of ``annotated`` (``heartbeat_segments`` rows) with its content token, ``L``, ``U`` and ``M``.
 
-    - ``run_floor``: ``P`` of the rows after the gap that opens the run (SPEC 3a): the
-      ``hb_vector`` of the first heartbeat with a vector at or after the run's first row,
-      wherever it lies; null when none follows (their ``U`` is unknown).
-    - ``run_stop``: ``L`` of the first row after the gap that closes the run, where the
-      reach of every version in the run stops; null for the last run.
-
-    Read off the rows after a gap and the heartbeats with a vector only, ordered once.
+    The watermark part of the fused pass (``pipelines/stream_pass.py``) over segments computed
+    earlier; the audit itself writes both tables from one pass (``stream_pass``).
     """
-    at_gap = F.col("gap_before") > 0
-    vector_heartbeat = (F.col("kind") == "HEARTBEAT") & F.col("hb_vector").isNotNull()
-    # Descending offsets: the frame up to the current row holds the rows at or after it.
-    after = Window.partitionBy(*PARTITION_KEYS).orderBy(F.desc("offset")).rowsBetween(
-        Window.unboundedPreceding, Window.currentRow
-    )
-    gaps = annotated.where(at_gap | vector_heartbeat).select(
-        *PARTITION_KEYS, "offset", "gap_before", "missing_before", "applied_lower_bound",
-        F.last(F.when(vector_heartbeat, F.col("hb_vector")), ignorenulls=True).over(after).alias("next_vector"),
-    ).where(at_gap)
-    no_vector = F.lit(None).cast(VECTOR)
-    opening = gaps.select(*PARTITION_KEYS, F.col("missing_before").alias("run"),
-                          F.col("next_vector").alias("run_floor"), no_vector.alias("run_stop"))
-    closing = gaps.select(*PARTITION_KEYS, (F.col("missing_before") - F.col("gap_before")).alias("run"),
-                          no_vector.alias("run_floor"), F.col("applied_lower_bound").alias("run_stop"))
-    return opening.unionByName(closing).groupBy(*PARTITION_KEYS, "run").agg(
-        F.first("run_floor", ignorenulls=True).alias("run_floor"),
-        F.first("run_stop", ignorenulls=True).alias("run_stop"),
-    )
-
-
-def reconstruct_watermarks(
-    annotated: DataFrame, partitions: DataFrame | None = None, regions: list[str] | None = None,
-    gaps: bool | None = None,
-) -> DataFrame:
-    """One row per PUT/DELETE with its content token, ``L``, ``U`` (null when unknown) and ``M``.
-
-    ``partitions`` is ``partition_watermarks`` of the segments' summary when the caller has
-    it (the asset passes the table it just wrote); ``P`` and ``L(end)`` come from its few rows.
-    ``regions``: ``partition_regions(partitions)`` when the caller has it (the asset observes it
-    on the write of ``partitions``: no query of its own), else collected here. ``gaps``: whether
-    any dump has a gap (the asset observes it on the same write), else read off ``partitions``.
-    Without gaps the bounds are SPEC 3's; with gaps SPEC 3a's (``gap_runs``): the reach of a
-    version stops at the first gap after it, and a version after a gap takes its run's floor.
-    """
-    data = annotated.where(F.col("kind").isin(*DATA_KINDS))
-    partitions = partitions if partitions is not None else partition_watermarks(summarize_segments(annotated))
-    regions = partition_regions(partitions) if regions is None else regions
-    if gaps is None:
-        gaps = bool(partitions.agg(F.sum("gaps")).first()[0] or 0)
-    bounds = partitions.select(*PARTITION_KEYS, "pre_history_bound", "end_lower_bound")
-    by_key = Window.partitionBy(*PARTITION_KEYS, "key").orderBy("offset")
-    next_lower_bound = F.lead("applied_lower_bound", 1).over(by_key.rowsBetween(1, 1))
-    rows = data.join(F.broadcast(bounds), on=list(PARTITION_KEYS), how="inner")
-    if gaps:
-        runs = gap_runs(annotated).withColumnRenamed("run", "missing_before")
-        rows = rows.join(runs, on=[*PARTITION_KEYS, "missing_before"], how="left")
-        # Rows after a gap: P of their run; before any gap: P of the dump.
-        floor = F.when(F.col("missing_before") > 0, F.col("run_floor")).otherwise(F.col("pre_history_bound"))
-        same_run = F.lead("missing_before", 1).over(by_key.rowsBetween(1, 1)) == F.col("missing_before")
-        reach = (
-            F.when(next_lower_bound.isNotNull() & same_run, next_lower_bound)
-            .when(F.col("run_stop").isNotNull(), F.col("run_stop"))
-            .otherwise(F.coalesce(next_lower_bound, F.col("end_lower_bound")))
-        )
-    else:
-        floor = F.col("pre_history_bound")
-        reach = F.coalesce(next_lower_bound, F.col("end_lower_bound"))
-    # U = max(floor, the key's {source_region: source_offset} so far): the floor's regions are in ``regions``.
-    touched = running_max_single(
-        F.col("source_region"),
-        F.col("source_offset"),
-        regions,
-        by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow),
-        floor=floor,
-    )
-    rows = rows.select(
-        "*",
-        F.when(floor.isNotNull(), touched).alias("touch_bound"),
-        reach.alias("reach"),
-    )
-    return conform(rows, ReconstructedWatermarks.to_structtype())
+    return watermarks_of_segments(annotated)

@@ -3,8 +3,7 @@
 # Asset step -> the table it reads (None: the landing files).
 STEP_INPUTS = {
     "raw_topic_snapshots": None,
-    "heartbeat_segments": "raw_topic_snapshots",
-    "reconstructed_watermarks": "heartbeat_segments",
+    "stream_pass": "raw_topic_snapshots",
     "divergence_reports": "reconstructed_watermarks",
     "stream_anomalies": "raw_topic_snapshots",
     "replication_lag": "raw_topic_snapshots",

@@ -168,11 +168,11 @@ def test_rows_are_accounted_from_the_simulator_through_every_step(run):
         replicas = len(truth["regions"])
         replica_partitions = replicas * len(truth["topics"]) * truth["partitions"]
         data_rows = kinds.get("PUT", 0) + kinds.get("DELETE", 0)
-        assert steps["heartbeat_segments"]["rows_out"]["heartbeat_segments"] == (
+        assert steps["stream_pass"]["rows_out"]["heartbeat_segments"] == (
             summary["rows_total"] - kinds.get("EXPORTER_POSITION", 0)
         ), name  # one per version-topic row
-        assert steps["reconstructed_watermarks"]["rows_out"]["reconstructed_watermarks"] == data_rows, name
-        assert steps["reconstructed_watermarks"]["rows_out"]["partition_watermarks"] == replica_partitions, name
+        assert steps["stream_pass"]["rows_out"]["reconstructed_watermarks"] == data_rows, name
+        assert steps["stream_pass"]["rows_out"]["partition_watermarks"] == replica_partitions, name
         assert steps["exporter_tables"]["rows_out"]["compaction_bounds"] == replica_partitions, name
         pairs = len(list(combinations(truth["regions"], 2)))
         assert steps["divergence_reports"]["rows_out"]["divergence_summary"] == (

@@ -41,12 +41,12 @@ def test_a_table_in_the_middle_that_breaks_its_schema_is_not_published_and_block
                                                  struct_for("reconstructed_watermarks")).collect()
     )
 
-    real = assets.watermarks.reconstruct_watermarks
+    real = assets.watermarks.watermark_rows
 
     def broken(*args, **kwargs):  # a regression that writes negative offsets
         return real(*args, **kwargs).withColumn("offset", F.lit(-1).cast("bigint"))
 
-    monkeypatch.setattr(assets.watermarks, "reconstruct_watermarks", broken)
+    monkeypatch.setattr(assets.watermarks, "watermark_rows", broken)
     audit = run_audit(SNAPSHOT, str(landing), str(warehouse), **SETTINGS)
 
     assert not audit.success
@@ -58,6 +58,7 @@ def test_a_table_in_the_middle_that_breaks_its_schema_is_not_published_and_block
     assert "reconstructed_watermarks" not in audit.metadata and "partition_watermarks" not in audit.metadata
     after = store.read_snapshot(spark, "reconstructed_watermarks", SNAPSHOT, struct_for("reconstructed_watermarks"))
     assert sorted(r["offset"] for r in after.collect()) == offsets_before
-    # Downstream did not run; stages beside it did.
-    assert "divergence_reports" not in audit.metadata
-    assert "heartbeat_segments" in audit.metadata and "stream_anomalies" in audit.metadata
+    # Nor were the tables of the same step (the stream pass: segments, summary, watermarks); downstream did not
+    # run; steps beside it did.
+    assert "heartbeat_segments" not in audit.metadata and "divergence_reports" not in audit.metadata
+    assert "replication_lag" in audit.metadata and "exporter_positions" in audit.metadata

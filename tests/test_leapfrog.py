@@ -507,7 +507,7 @@ def test_a_hot_key_is_compared_with_work_linear_in_its_versions(spark):
     raw = raw_frame(spark, [r for n in sizes for r in rows[n]]).localCheckpoint()
     annotated = annotate_segments(raw).localCheckpoint()
     partition_wm = partition_watermarks(summarize_segments(annotated)).localCheckpoint()
-    row_wm = reconstruct_watermarks(annotated, partition_wm).localCheckpoint()
+    row_wm = reconstruct_watermarks(annotated).localCheckpoint()
 
     compared, paired = {}, {}
     for n in sizes:

@@ -193,7 +193,7 @@ def run_spark(spark, rows: list[dict], on_driver: bool = False) -> tuple[dict, l
     """
     annotated = annotate_segments(raw_frame(spark, rows)).localCheckpoint()
     partition_wm = partition_watermarks(summarize_segments(annotated)).localCheckpoint()
-    row_watermarks = reconstruct_watermarks(annotated, partition_wm).localCheckpoint()
+    row_watermarks = reconstruct_watermarks(annotated).localCheckpoint()
     reports, _ = compare_replicas(row_watermarks, partition_wm, rows=len(rows) if on_driver else None)
     found = {(r["partition"], r["replica_a"], r["replica_b"], r["key"]): r.asDict() for r in reports.collect()}
     return found, [r.asDict() for r in row_watermarks.collect()], [r.asDict() for r in partition_wm.collect()]

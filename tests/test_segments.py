@@ -6,7 +6,7 @@ from pyspark.sql import functions as F
 
 from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.vectors import region_universe
-from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
+from pipelines.watermarks import reconstruct_watermarks
 from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
 from schemas.validation import validation_errors
 from tests.reference_leapfrog import delete, heartbeat, put, sop, stream
@@ -148,7 +148,7 @@ def test_no_stage_after_the_ingestion_reads_a_value(spark, tmp_path):
     raw_frame(spark, ROWS).write.parquet(path)
     raw = spark.read.parquet(path)
     annotated = annotate_segments(raw)
-    rows = reconstruct_watermarks(annotated, partition_watermarks(summarize_segments(annotated)))
+    rows = reconstruct_watermarks(annotated)
     for frame in (annotated, rows):
         leaves = frame._jdf.queryExecution().sparkPlan().collectLeaves()  # before adaptive execution wraps it
         scanned = [list(leaves.apply(i).requiredSchema().fieldNames()) for i in range(leaves.size())

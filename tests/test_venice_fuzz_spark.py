@@ -53,7 +53,7 @@ def _audited(spark, folder: Path, venice: VeniceSettings) -> dict:
     counts = accounting_from_tables(accepted, judgement.quarantined, skipped, positions)
     annotated = annotate_segments(accepted, positions).localCheckpoint()
     partitions = partition_watermarks(summarize_segments(annotated)).localCheckpoint()
-    reports, _ = compare_replicas(reconstruct_watermarks(annotated, partitions), partitions)
+    reports, _ = compare_replicas(reconstruct_watermarks(annotated), partitions)
     proven = {(r["topic"], r["partition"], r["key"], r["replica_a"], r["replica_b"], r["verdict"])
               for r in reports.where(reports.verdict.isin(*PROVEN)).collect()}
     rows = {tuple(r[c] for c in POSITION): r.asDict() for r in accepted.collect()}
