@@ -32,7 +32,8 @@ STREAM_TABLES = ("heartbeat_segments", "heartbeat_segment_summary", "reconstruct
             "heartbeat_segment_summary",
             group_name=GROUP,
             kinds=KINDS,
-            deps=["heartbeat_segments"],
+            # Of the same pass over the raw rows as the segments (the lineage keeps its two columns).
+            deps=["raw_topic_snapshots", "raw_topic_skipped"],
             description="One row per heartbeat segment: baseline, closing watermark, rows per kind, resolved timestamp.",
         ),
         dg.AssetSpec(

@@ -301,7 +301,9 @@ def _stream_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
         s, rows, seg["applied_lower_bound"][rows], seg["missing_before"][rows], end,
     )
     count = len(rows)
-    out = {name: table[name].take(pa.array(rows)).combine_chunks() for name in INPUT_COLUMNS}
+    every = count == s.n  # no read position among them: the rows are the table as it is
+    out = {name: table[name].combine_chunks() if every else table[name].take(pa.array(rows)).combine_chunks()
+           for name in INPUT_COLUMNS}
     opening = seg["opening"][rows]
     opened = opening >= 0
     regions = s.regions

@@ -80,3 +80,7 @@ class VariantFigures:
     # as Parquet in this JVM after the audit (``output_floor``), and the write's share.
     output_floor: dict[str, dict[str, Any]] = field(default_factory=dict)
     output_write_seconds: Optional[float] = None  # the writes' sum: what the tables cost to write at least
+    # The essential pass and the writes of the per-row tables it does not write (segments, watermarks, state), and
+    # the audit process against that: how far the audit is from what writing the SPEC's tables costs at least.
+    output_floor_seconds: Optional[float] = None
+    audit_process_to_output_floor: Optional[float] = None

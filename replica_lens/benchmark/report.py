@@ -95,6 +95,9 @@ def print_report(report: dict) -> None:
             )
         if variant.get("output_write_seconds") is not None:
             print(f"  output floor, the per-row tables' writes together: {variant['output_write_seconds']} s")
+        if variant.get("audit_process_to_output_floor") is not None:
+            print(f"  audit process / (essential pass + the other per-row tables' writes, "
+                  f"{variant['output_floor_seconds']} s): {variant['audit_process_to_output_floor']}x")
         for again in variant.get("repeated_audits", []):
             print(
                 f"  the same audit again in this JVM: {again['seconds']} s{'' if again['success'] else ' (RUN FAILED)'}, "
