@@ -1,4 +1,5 @@
-"""Operational tables: stream anomalies, replication lag, exporter positions (SPEC 5, 6, 7)."""
+"""Operational tables: replication lag, exporter positions (SPEC 6, 7); the stream anomalies (SPEC 5) come from the
+stream pass (``assets/watermarks.py``)."""
 
 import dagster as dg
 from pydantic import Field
@@ -8,59 +9,14 @@ from pyspark.sql import functions as F
 from assets.partitions import snapshot_partitions
 from assets.previews import compaction_holdbacks, lag_trends, lagging_rows, worst_lag, worst_lagging
 from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
-from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
 from pipelines.lag import heartbeat_lag, lag_summary
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
-from schemas.operations import ANOMALIES
 
 GROUP = "operations"
 KINDS = {"spark", "delta"}
-_DEFAULT_BOUNDS = AnomalyBounds()
 EXAMPLES = 10
-
-
-class AnomalyConfig(dg.Config):
-    heartbeat_gap_ms: int = Field(
-        default=_DEFAULT_BOUNDS.heartbeat_gap_ms,
-        description="HEARTBEAT_GAP when the applied time between consecutive heartbeats exceeds this.",
-    )
-    clock_uncertainty_ms: int = Field(
-        default=_DEFAULT_BOUNDS.clock_uncertainty_ms,
-        description="CLOCK_UNCERTAINTY when a heartbeat's clock interval is wider than this.",
-    )
-
-
-@dg.asset(
-    name="stream_anomalies",
-    group_name=GROUP,
-    kinds=KINDS,
-    # The segments: DATA_BEYOND_HEARTBEAT finds each data row's judge by its segment (pipelines/anomalies.py).
-    deps=["raw_topic_snapshots", "heartbeat_segments", "heartbeat_segment_summary"],
-    partitions_def=snapshot_partitions,
-    check_specs=[schema_check_spec("stream_anomalies")],
-    description="Rows where a version-topic stream misbehaves, with the anomaly and its position (SPEC 5).",
-)
-def stream_anomalies(
-    context: dg.AssetExecutionContext, config: AnomalyConfig, spark: SparkResource, store: DeltaStore
-):
-    snapshot_id = context.partition_key
-    session = spark.spark_session
-    with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
-        bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
-        anomalies = find_stream_anomalies(
-            read_stage(session, store, "raw_topic_snapshots", snapshot_id),
-            bounds,
-            segments=read_stage(session, store, "heartbeat_segments", snapshot_id),
-            summary=read_stage(session, store, "heartbeat_segment_summary", snapshot_id),
-        )
-        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
-        # Rows per anomaly, counted by the job that writes them.
-        tables.stage(anomalies, "stream_anomalies", observe={a: F.count_if(F.col("anomaly") == a) for a in ANOMALIES})
-        by_kind = {a: n for a, n in tables.observed("stream_anomalies").items() if n}
-        tables.add_metadata("stream_anomalies", {"by_anomaly": dg.MetadataValue.json(by_kind), **bounds.__dict__})
-        yield from tables.publish()
 
 
 @dg.multi_asset(

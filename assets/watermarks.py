@@ -1,6 +1,8 @@
-"""Stages 2 and 3 in one step: heartbeat-annotated segments and reconstructed watermarks (SPEC 2, 3), from one pass per stream."""
+"""Stages 2 and 3 in one step, with the stream anomalies: segments and watermarks (SPEC 2, 3) and the anomalies of
+SPEC 5, from one pass per stream."""
 
 import dagster as dg
+from pydantic import Field
 from pyspark.sql import functions as F
 
 from assets.partitions import CRITICAL_PATH, snapshot_partitions
@@ -8,15 +10,32 @@ from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.ingest.judging import value_token
 from pipelines.frames import computed_once
 from pipelines.segments import summarize_segments
-from pipelines.stream_pass import ran_on_driver, segment_rows, watermark_rows
+from pipelines.anomalies import AnomalyBounds
+from pipelines.stream_pass import anomaly_rows, ran_on_driver, segment_rows, watermark_rows
 from pipelines.stream_pass import stream_pass as pass_streams
 from pipelines.watermarks import partition_watermarks
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
+from schemas.operations import ANOMALIES
 
 GROUP = "watermarks"
 KINDS = {"spark", "delta"}
-STREAM_TABLES = ("heartbeat_segments", "heartbeat_segment_summary", "reconstructed_watermarks", "partition_watermarks")
+STREAM_TABLES = (
+    "heartbeat_segments", "heartbeat_segment_summary", "reconstructed_watermarks", "partition_watermarks",
+    "stream_anomalies",
+)
+_DEFAULT_BOUNDS = AnomalyBounds()
+
+
+class AnomalyConfig(dg.Config):
+    heartbeat_gap_ms: int = Field(
+        default=_DEFAULT_BOUNDS.heartbeat_gap_ms,
+        description="HEARTBEAT_GAP when the applied time between consecutive heartbeats exceeds this.",
+    )
+    clock_uncertainty_ms: int = Field(
+        default=_DEFAULT_BOUNDS.clock_uncertainty_ms,
+        description="CLOCK_UNCERTAINTY when a heartbeat's clock interval is wider than this.",
+    )
 
 
 @dg.multi_asset(
@@ -50,14 +69,22 @@ STREAM_TABLES = ("heartbeat_segments", "heartbeat_segment_summary", "reconstruct
             deps=["heartbeat_segment_summary"],
             description="Per replica partition: L at the end of the dump, pre-history bound P, resolved timestamp, gaps.",
         ),
+        dg.AssetSpec(
+            "stream_anomalies",
+            group_name="operations",
+            kinds=KINDS,
+            # Found by the same pass; DATA_BEYOND_HEARTBEAT judges a data row by the next vector heartbeat.
+            deps=["raw_topic_snapshots", "heartbeat_segments", "heartbeat_segment_summary"],
+            description="Rows where a version-topic stream misbehaves, with the anomaly and its position (SPEC 5).",
+        ),
     ],
     check_specs=[schema_check_spec(t) for t in STREAM_TABLES],
     partitions_def=snapshot_partitions,
     # The longest chain of the audit (stream pass -> divergence) starts first.
     op_tags=CRITICAL_PATH,
 )
-def stream_pass(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
-    """One pass per stream (``pipelines/stream_pass.py``) and the four tables made of it, published together."""
+def stream_pass(context: dg.AssetExecutionContext, config: AnomalyConfig, spark: SparkResource, store: DeltaStore):
+    """One pass per stream (``pipelines/stream_pass.py``) and the five tables made of it, published together."""
     snapshot_id = context.partition_key
     session = spark.spark_session
     rows = store.snapshot_rows("raw_topic_snapshots", [snapshot_id])
@@ -72,7 +99,9 @@ def stream_pass(context: dg.AssetExecutionContext, spark: SparkResource, store: 
         # Delta log says so (every JSONL or SPEC Parquet snapshot).
         skipped = store.snapshot_rows("raw_topic_skipped", [snapshot_id])
         read_positions = None if skipped == 0 else read_stage(session, store, "raw_topic_skipped", snapshot_id)
-        passed = pass_streams(raw, read_positions, rows=rows)
+        bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
+        passed = pass_streams(raw, read_positions, rows=rows, heartbeat_gap_ms=bounds.heartbeat_gap_ms,
+                              clock_uncertainty_ms=bounds.clock_uncertainty_ms)
         if not ran_on_driver(rows):
             # Two tables are written from it: computed once, kept on local disk, not computed twice.
             passed = computed_once(passed)
@@ -85,6 +114,11 @@ def stream_pass(context: dg.AssetExecutionContext, spark: SparkResource, store: 
         )
         tables.add_metadata("partition_watermarks", gap_metadata(tables.observed("partition_watermarks")))
         tables.stage(watermark_rows(passed), "reconstructed_watermarks")
+        # Rows per anomaly, counted by the job that writes them.
+        tables.stage(anomaly_rows(passed), "stream_anomalies",
+                     observe={a: F.count_if(F.col("anomaly") == a) for a in ANOMALIES})
+        by_kind = {a: n for a, n in tables.observed("stream_anomalies").items() if n}
+        tables.add_metadata("stream_anomalies", {"by_anomaly": dg.MetadataValue.json(by_kind), **bounds.__dict__})
         yield from tables.publish()
 
 

@@ -29,6 +29,7 @@ output (``segment_rows``, ``watermark_rows``).
 from __future__ import annotations
 
 import sys
+from functools import partial
 from typing import Iterator
 
 import numpy as np
@@ -40,6 +41,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from schemas.conform import conform, local_batches, to_arrow_schema
+from schemas.operations import StreamAnomalies
 from schemas.raw import DATA_KINDS, VECTOR
 from schemas.segments import HeartbeatSegments
 from schemas.watermarks import ReconstructedWatermarks
@@ -59,9 +61,16 @@ _SEGMENT_STRUCT = HeartbeatSegments.to_structtype()
 INPUT_COLUMNS = tuple(f.name for f in _SEGMENT_STRUCT.fields if f.name not in COMPUTED)
 _WATERMARK_STRUCT = ReconstructedWatermarks.to_structtype()
 # The pass's output: every column of heartbeat_segments, then U and M (null on rows that are not data rows).
+# The anomaly columns of stream_anomalies that are not columns of a row: set on the pass's anomaly rows only.
+ANOMALY_COLUMNS = ("anomaly", "observed", "expected", "reference_offset", "previous_leader_epoch", "detail")
+_ANOMALY_STRUCT = StreamAnomalies.to_structtype()
+# The pass's output: every column of heartbeat_segments, then U and M (null on rows that are not data rows), then
+# the anomaly columns. A row of the stream has a null ``anomaly``; an anomaly found at a row is a row of its own
+# (its position, key, source region and leader epoch set, ``kind`` null).
 OUTPUT_STRUCT = T.StructType(
     [T.StructField(f.name, f.dataType, True) for f in _SEGMENT_STRUCT.fields]
     + [T.StructField("touch_bound", VECTOR, True), T.StructField("reach", VECTOR, True)]
+    + [T.StructField(name, _ANOMALY_STRUCT[name].dataType, True) for name in ANOMALY_COLUMNS]
 )
 
 
@@ -239,6 +248,13 @@ def _segment_columns(s: _Stream) -> dict[str, np.ndarray]:
     return columns
 
 
+def _by_key(s: _Stream, rows: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The data rows ``data`` (positions in ``rows``) ordered by key, then offset: the order, and each one's key code."""
+    keys = pc.dictionary_encode(s.table["key"].take(pa.array(rows[data]))).combine_chunks().indices.to_numpy()
+    order = np.lexsort((data, keys))
+    return order, keys[order]
+
+
 def _watermark_columns(
     s: _Stream, rows: np.ndarray, lower: np.ndarray, missing: np.ndarray, end: np.ndarray,
 ) -> tuple[np.ndarray, ...]:
@@ -272,9 +288,8 @@ def _watermark_columns(
     stop = lower[np.minimum(closer, count - 1)]
     # The data rows by key, then offset: the key's rows so far (U) and its next row (M).
     data = np.flatnonzero(kinds)
-    keys = pc.dictionary_encode(s.table["key"].take(pa.array(rows[data]))).combine_chunks().indices.to_numpy()
-    order = np.lexsort((data, keys))
-    sorted_rows, sorted_keys = data[order], keys[order]
+    order, sorted_keys = _by_key(s, rows, data)
+    sorted_rows = data[order]
     touched = _grouped_cummax(s.single(s.is_data)[rows[sorted_rows]], sorted_keys)
     touch = np.where(floor_known[sorted_rows][:, None], np.maximum(floor[sorted_rows], touched), MISSING)
     has_next = np.zeros(len(sorted_rows), dtype=bool)
@@ -291,11 +306,21 @@ def _watermark_columns(
     return data, touch[back], floor_known[sorted_rows][back], reach[back]
 
 
-def _stream_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
-    """The pass over one stream (its positions sorted by offset): its rows with every output column."""
+def _stream_batches(table: pa.Table, schema: pa.Schema, heartbeat_gap_ms: int, clock_uncertainty_ms: int):
+    """The pass over one stream (its positions sorted by offset): its rows with every output column, then its
+    anomalies."""
     s = _Stream(table)
-    seg = _segment_columns(s)
     rows = np.flatnonzero(s.is_row)
+    yield _stream_batch(s, rows, schema)
+    found = _stream_anomalies(s, rows, heartbeat_gap_ms, clock_uncertainty_ms)
+    if found.columns["at"]:
+        yield _anomaly_batch(s, rows, found, schema)
+
+
+def _stream_batch(s: _Stream, rows: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
+    """One stream's rows with every output column (the anomaly columns null)."""
+    table = s.table
+    seg = _segment_columns(s)
     end = seg["applied"][rows[-1]] if len(rows) else None  # L(end): every contribution joined
     data, touch, known, reach = _watermark_columns(
         s, rows, seg["applied_lower_bound"][rows], seg["missing_before"][rows], end,
@@ -332,7 +357,172 @@ def _stream_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
     touch_full[data], reach_full[data], is_data[data], touch_known[data] = touch, reach, True, known
     out["touch_bound"] = _vectors(touch_full, touch_known, regions)
     out["reach"] = _vectors(reach_full, is_data, regions)
+    for name in ANOMALY_COLUMNS:
+        out[name] = pa.nulls(count, schema.field(name).type)
     return pa.RecordBatch.from_arrays([out[f.name] for f in schema], schema=schema)
+
+
+# ------------------------------------------------------------------ stream anomalies (SPEC 5)
+class _Found:
+    """The anomalies found in one stream, column by column (few: they are built as Python lists)."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list] = {c: [] for c in ("at", "anomaly", "key_at", "source_region", "observed",
+                                                          "expected", "reference_offset", "previous_leader_epoch",
+                                                          "detail")}
+
+    def add(self, at, anomaly, source_region, observed, expected, reference_offset, detail, key_at=None,
+            previous_leader_epoch=None) -> None:
+        for name, value in (("at", at), ("anomaly", anomaly), ("key_at", key_at), ("source_region", source_region),
+                            ("observed", observed), ("expected", expected), ("reference_offset", reference_offset),
+                            ("previous_leader_epoch", previous_leader_epoch), ("detail", detail)):
+            self.columns[name].append(value)
+
+
+def _earlier_max(values: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per position, the highest of ``values`` at earlier positions where ``present`` holds (-1: none), and the first
+    of those positions that held it (the witness: the earliest among equal values)."""
+    held = np.where(present, values, MISSING)
+    running = np.maximum.accumulate(held) if len(held) else held
+    before = np.empty_like(running)
+    before[:1] = MISSING
+    before[1:] = running[:-1]
+    raised = present & (held > before)  # the first position at each new maximum
+    witness = np.empty(len(held), dtype=np.int64)
+    witness[:1] = -1
+    witness[1:] = _last_index(raised)[:-1]
+    return before, witness
+
+
+def _text(value: int | None, none: str = "null") -> str:
+    """A number as Spark's ``format_string`` writes it (``null`` when there is none), or ``none``."""
+    return none if value is None else str(value)
+
+
+def _stream_anomalies(s: _Stream, rows: np.ndarray, heartbeat_gap_ms: int, clock_uncertainty_ms: int) -> _Found:
+    """Every anomaly of SPEC 5 in one stream's rows (``rows``: their positions, in offset order).
+
+    The rules and the decisions the SPEC leaves open are those of ``pipelines/anomalies.py``.
+    """
+    found = _Found()
+    regions = s.regions.to_pylist()
+    offset = s.offset[rows]
+    is_hb, is_data = s.is_hb[rows], s.is_data[rows]
+    region, source = s.region[rows], s.source_offset[rows]
+    # HEARTBEAT_REGRESSION: each component of a heartbeat against the highest earlier heartbeat's, per component.
+    beats = np.flatnonzero(is_hb)
+    claimed = np.where((s.hb_valid[rows][beats])[:, None], s.hb[rows[beats]], s.single(s.is_hb)[rows[beats]])
+    for r in range(s.width):
+        present = claimed[:, r] >= 0
+        before, witness = _earlier_max(claimed[:, r], present)
+        for j in np.flatnonzero(present & (claimed[:, r] < before)):
+            value, bound, by = int(claimed[j, r]), int(before[j]), int(offset[beats[witness[j]]])
+            found.add(beats[j], "HEARTBEAT_REGRESSION", regions[r], value, bound, by,
+                      f"hb_vector[{regions[r]}] = {value} is below {bound}, claimed by the heartbeat at offset {by}")
+    # DATA_BEYOND_HEARTBEAT: a data row's source offset against the next heartbeat that carries a vector.
+    vector_hb = is_hb & s.hb_valid[rows]
+    judge = np.append(_next_index(vector_hb)[1:], -1)  # strictly after the row
+    for i in np.flatnonzero(is_data & (judge >= 0) & (region >= 0)):
+        name, at = regions[region[i]], int(offset[judge[i]])
+        component = int(s.hb[rows[judge[i]], region[i]])
+        if component < 0:
+            found.add(i, "DATA_BEYOND_HEARTBEAT", name, int(source[i]), None, at,
+                      f"source offset {source[i]} from {name}, but the next heartbeat (offset {at}) has no {name} "
+                      "component", key_at=i)
+        elif source[i] > component:
+            found.add(i, "DATA_BEYOND_HEARTBEAT", name, int(source[i]), component, at,
+                      f"source offset {source[i]} from {name} is above hb_vector[{name}] = {component} of the next "
+                      f"heartbeat (offset {at})", key_at=i)
+    # DUPLICATE_OR_REWIND: a data row not above the highest source offset seen from its source (data and heartbeats).
+    messages = (is_data | is_hb) & (region >= 0) & (source >= 0)
+    for r in range(s.width):
+        seen = np.flatnonzero(messages & (region == r))
+        before, witness = _earlier_max(source[seen], np.ones(len(seen), dtype=bool))
+        for j in np.flatnonzero(is_data[seen] & (before >= 0) & (source[seen] <= before)):
+            i, by = seen[j], seen[witness[j]]
+            found.add(i, "DUPLICATE_OR_REWIND", regions[r], int(source[i]), int(before[j]), int(offset[by]),
+                      f"source offset {source[i]} from {regions[r]} is not above {before[j]}, already seen in the "
+                      f"{s.table['kind'][int(rows[by])].as_py()} at offset {offset[by]}", key_at=i)
+    # WRITE_TS_REGRESSION: a data row's write_ts below that of the key's previous write that has one.
+    write_ts = _int_column(s.table["write_ts"])[rows]
+    epoch = _int_column(s.table["leader_epoch"])[rows]
+    data = np.flatnonzero(is_data)
+    order, keys = _by_key(s, rows, data)
+    by_key = data[order]
+    stamped = write_ts[by_key] != _NONE
+    previous = np.empty(len(by_key), dtype=np.int64)
+    previous[:1] = -1
+    previous[1:] = _last_index(stamped)[:-1]
+    same_key = (previous >= 0) & (keys[np.maximum(previous, 0)] == keys)
+    stamp = write_ts[by_key]
+    earlier = stamp[np.maximum(previous, 0)]
+    for j in np.flatnonzero(same_key & stamped & (stamp < earlier)):
+        i, p = by_key[j], by_key[previous[j]]
+        now, then = int(write_ts[i]), int(write_ts[p])
+        was = None if epoch[p] == _NONE else int(epoch[p])
+        is_ = None if epoch[i] == _NONE else int(epoch[i])
+        detail = (f"write_ts {now} (physical {now >> 18} ms) is below {then} (physical {then >> 18} ms) of the key's "
+                  f"previous write at offset {offset[p]}")
+        if was != is_:
+            detail += f"; across a leader_epoch change {_text(was, 'unknown')} -> {_text(is_, 'unknown')}"
+        found.add(i, "WRITE_TS_REGRESSION", regions[region[i]] if region[i] >= 0 else None, now, then, int(offset[p]),
+                  detail, key_at=i, previous_leader_epoch=was)
+    # HEARTBEAT_GAP: applied time surely elapsed since the heartbeat before (its max to this one's min).
+    applied_min = _int_column(s.table["applied_ts_min_ms"])[rows]
+    applied_max = _int_column(s.table["applied_ts_max_ms"])[rows]
+    earlier, later = beats[:-1], beats[1:]
+    known = (applied_min[later] != _NONE) & (applied_max[earlier] != _NONE)
+    gaps = np.where(known, applied_min[later] - np.where(known, applied_max[earlier], 0), 0)
+    for j in np.flatnonzero(known & (gaps > heartbeat_gap_ms)):
+        a, b, gap = earlier[j], later[j], int(gaps[j])
+        found.add(b, "HEARTBEAT_GAP", regions[region[b]] if region[b] >= 0 else None, gap, heartbeat_gap_ms,
+                  int(offset[a]), f"at least {gap} ms of applied time since the heartbeat at offset {offset[a]} "
+                  f"(bound {heartbeat_gap_ms} ms)")
+    # CLOCK_UNCERTAINTY: a heartbeat's origin or applied interval wider than the bound.
+    origin_min = _int_column(s.table["origin_ts_min_ms"])[rows]
+    origin_max = _int_column(s.table["origin_ts_max_ms"])[rows]
+    def width(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        known = (low[beats] != _NONE) & (high[beats] != _NONE)
+        return np.where(known, high[beats] - np.where(known, low[beats], 0), _NONE)
+
+    origin_width, applied_width = width(origin_min, origin_max), width(applied_min, applied_max)
+    wide = ((origin_width != _NONE) & (origin_width > clock_uncertainty_ms)) | (
+        (applied_width != _NONE) & (applied_width > clock_uncertainty_ms))
+    for j in np.flatnonzero(wide):
+        b = beats[j]
+        widths = [None if w == _NONE else int(w) for w in (origin_width[j], applied_width[j])]
+        observed = max(w for w in widths if w is not None and w > clock_uncertainty_ms)
+        found.add(b, "CLOCK_UNCERTAINTY", regions[region[b]] if region[b] >= 0 else None, observed,
+                  clock_uncertainty_ms, None, f"origin interval {_text(widths[0])} ms, applied interval "
+                  f"{_text(widths[1])} ms (bound {clock_uncertainty_ms} ms)")
+    return found
+
+
+def _anomaly_batch(s: _Stream, rows: np.ndarray, found: _Found, schema: pa.Schema) -> pa.RecordBatch:
+    """The anomalies found as rows of the pass's output (``anomaly`` set, ``kind`` null)."""
+    c = found.columns
+    at = rows[np.asarray(c["at"], dtype=np.int64)]
+    count = len(at)
+    keyed = np.asarray([k is not None for k in c["key_at"]], dtype=bool)
+    key_rows = rows[np.asarray([k if k is not None else 0 for k in c["key_at"]], dtype=np.int64)]
+    out = {name: pa.nulls(count, field.type) for name, field in zip(schema.names, schema)}
+    for name in PARTITION_KEYS:
+        out[name] = s.table[name].take(pa.array(at)).combine_chunks()
+    out.update(
+        offset=pa.array(s.offset[at], pa.int64()),
+        key=pc.if_else(pa.array(keyed), s.table["key"].take(pa.array(key_rows)).combine_chunks(),
+                       pa.nulls(count, pa.string())),
+        leader_epoch=s.table["leader_epoch"].take(pa.array(at)).combine_chunks(),
+        source_region=pa.array(c["source_region"], pa.string()),
+        anomaly=pa.array(c["anomaly"], pa.string()),
+        observed=pa.array(c["observed"], pa.int64()),
+        expected=pa.array(c["expected"], pa.int64()),
+        reference_offset=pa.array(c["reference_offset"], pa.int64()),
+        previous_leader_epoch=pa.array(c["previous_leader_epoch"], pa.int64()),
+        detail=pa.array(c["detail"], pa.string()),
+    )
+    return pa.RecordBatch.from_arrays([out[f.name] for f in schema], schema=schema)
+
 
 
 def _streams(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
@@ -353,17 +543,20 @@ def _streams(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
         yield table.slice(begin, stop - begin)
 
 
-def stream_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def stream_rows(
+    batches: Iterator[pa.RecordBatch], heartbeat_gap_ms: int = 60_000, clock_uncertainty_ms: int = 1_000,
+) -> Iterator[pa.RecordBatch]:
     """The fused pass over every stream among ``batches`` (``INPUT_COLUMNS``; read positions: kind null).
 
     A stream's positions must all be among ``batches`` (one exchange by stream gives that), in
-    any order: they are sorted here by stream and offset.
+    any order: they are sorted here by stream and offset. The bounds are the time-based
+    anomalies' (``pipelines.anomalies.AnomalyBounds``).
     """
     schema = to_arrow_schema(OUTPUT_STRUCT)
     for stream in _streams(batches):
-        batch = _stream_batch(stream, schema)
-        if batch.num_rows:
-            yield batch
+        for batch in _stream_batches(stream, schema, heartbeat_gap_ms, clock_uncertainty_ms):
+            if batch.num_rows:
+                yield batch
 
 
 def segment_watermarks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -410,18 +603,23 @@ def ran_on_driver(rows: int | None) -> bool:
     return rows is not None and rows <= DRIVER_MAX_ROWS
 
 
-def stream_pass(raw: DataFrame, read_positions: DataFrame | None = None, rows: int | None = None) -> DataFrame:
-    """Every version-topic row of ``raw`` with its segment columns, ``U`` and ``M`` (``OUTPUT_STRUCT``).
+def stream_pass(
+    raw: DataFrame, read_positions: DataFrame | None = None, rows: int | None = None,
+    heartbeat_gap_ms: int = 60_000, clock_uncertainty_ms: int = 1_000,
+) -> DataFrame:
+    """Every version-topic row of ``raw`` with its segment columns, ``U`` and ``M``, and its anomalies (``OUTPUT_STRUCT``).
 
     ``read_positions``: (``snapshot_id``, ``replica``, ``topic``, ``partition``, ``offset``) of
     positions read that hold no row (raw Venice records skipped by rule): they close gaps and are
     not rows. ``rows``: how many rows ``raw`` holds when the caller knows (the Delta log does): at
-    most ``DRIVER_MAX_ROWS`` the pass runs on the driver.
+    most ``DRIVER_MAX_ROWS`` the pass runs on the driver. The bounds: the time-based anomalies'
+    (``pipelines.anomalies.AnomalyBounds``).
     """
     positions = _positions(raw, read_positions)
+    kernel = partial(stream_rows, heartbeat_gap_ms=heartbeat_gap_ms, clock_uncertainty_ms=clock_uncertainty_ms)
     if ran_on_driver(rows):
-        return local_batches(raw.sparkSession, stream_rows(iter(positions.toArrow().to_batches())), OUTPUT_STRUCT)
-    return positions.repartition(*PARTITION_KEYS).mapInArrow(stream_rows, OUTPUT_STRUCT)
+        return local_batches(raw.sparkSession, kernel(iter(positions.toArrow().to_batches())), OUTPUT_STRUCT)
+    return positions.repartition(*PARTITION_KEYS).mapInArrow(kernel, OUTPUT_STRUCT)
 
 
 def watermarks_of_segments(annotated: DataFrame) -> DataFrame:
@@ -432,10 +630,15 @@ def watermarks_of_segments(annotated: DataFrame) -> DataFrame:
 
 
 def segment_rows(passed: DataFrame) -> DataFrame:
-    """``heartbeat_segments`` from the pass's output."""
-    return conform(passed, HeartbeatSegments.to_structtype())
+    """``heartbeat_segments`` from the pass's output: its rows that are not anomalies."""
+    return conform(passed.where(F.col("anomaly").isNull()), HeartbeatSegments.to_structtype())
 
 
 def watermark_rows(passed: DataFrame) -> DataFrame:
-    """``reconstructed_watermarks`` from the pass's output: its data rows."""
+    """``reconstructed_watermarks`` from the pass's output: its data rows (an anomaly row has no kind)."""
     return conform(passed.where(F.col("kind").isin(*DATA_KINDS)), ReconstructedWatermarks.to_structtype())
+
+
+def anomaly_rows(passed: DataFrame) -> DataFrame:
+    """``stream_anomalies`` from the pass's output: its anomaly rows."""
+    return conform(passed.where(F.col("anomaly").isNotNull()), _ANOMALY_STRUCT)

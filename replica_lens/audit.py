@@ -341,8 +341,8 @@ def _highlights(step_key: str, metadata: dict[str, dict[str, Any]]) -> str:
     if step_key == "divergence_reports" and "keys_divergent" in table:
         return (f"DIVERGENT {table['keys_divergent']}, MISSING {table['keys_missing']}, "
                 f"IN_FLIGHT {table['keys_in_flight']}")
-    if step_key == "stream_anomalies" and table:
-        kinds = table.get("by_anomaly") or {}
+    if step_key == "stream_pass" and metadata.get("stream_anomalies"):
+        kinds = metadata["stream_anomalies"].get("by_anomaly") or {}
         return "anomalies: " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none")
     if step_key == "replication_lag" and table:
         worst = table.get("worst_lag")

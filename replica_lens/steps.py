@@ -5,7 +5,6 @@ STEP_INPUTS = {
     "raw_topic_snapshots": None,
     "stream_pass": "raw_topic_snapshots",
     "divergence_reports": "reconstructed_watermarks",
-    "stream_anomalies": "raw_topic_snapshots",
     "replication_lag": "raw_topic_snapshots",
     "exporter_tables": "raw_topic_snapshots",
 }

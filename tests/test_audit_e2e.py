@@ -125,7 +125,7 @@ def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_la
     watermarks = audit.metadata["reconstructed_watermarks"]["dagster/row_count"]
     divergence = lines["divergence_reports"][1]
     assert f"in {watermarks}" in divergence and "[DIVERGENT 3, MISSING 0, IN_FLIGHT 0]" in divergence, divergence
-    assert "[anomalies: DUPLICATE_OR_REWIND 5]" in lines["stream_anomalies"][1]
+    assert "[anomalies: DUPLICATE_OR_REWIND 5]" in lines["stream_pass"][1]
     assert "[worst p99 <= 382 ms (dc-a from dc-a)]" in lines["replication_lag"][1]
     assert audit.failed_checks == ["divergence_reports:no_proven_divergence"]
     expected = json.loads((EXAMPLE / "two-regions.expected.json").read_text())["expected_reports"]

@@ -14,11 +14,13 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from pipelines.segments import annotate_segments
-from pipelines.stream_pass import segment_rows, stream_pass, watermark_rows
+from pipelines.stream_pass import anomaly_rows, segment_rows, stream_pass, watermark_rows
 from pipelines.watermarks import reconstruct_watermarks
+from schemas.operations import ANOMALIES
 from schemas.raw import RawTopicSnapshots
-from tests.reference_windows import window_segments, window_watermarks
+from tests.reference_windows import window_anomalies, window_segments, window_watermarks
 from tests.rows import plain, raw_frame
 
 REGIONS = ("dc-a", "dc-b", "dc-c")
@@ -45,11 +47,12 @@ def streams(draw, replica: str, partition: int) -> tuple[list[dict], list[int]]:
         high[region] += draw(st.integers(0, 3))
         kind = draw(st.sampled_from(("PUT", "PUT", "DELETE", "HEARTBEAT")))
         row = {"offset": offset, "kind": kind, "source_region": region, "source_offset": high[region],
-               "write_ts": draw(st.integers(0, 50))}
+               "write_ts": draw(st.sampled_from((None, *range(0, 50, 3)))),
+               "leader_epoch": draw(st.sampled_from((None, 1, 2)))}
         if kind == "HEARTBEAT":
-            ts = draw(st.integers(0, 40))
-            row.update(origin_ts_min_ms=ts, origin_ts_max_ms=ts + 5, applied_ts_min_ms=ts + 1,
-                       applied_ts_max_ms=ts + 9)
+            ts, applied = draw(st.integers(0, 40)), draw(st.integers(0, 40))
+            row.update(origin_ts_min_ms=ts, origin_ts_max_ms=ts + draw(st.integers(0, 8)), applied_ts_min_ms=applied,
+                       applied_ts_max_ms=applied + draw(st.integers(0, 8)))
             if draw(st.booleans()):
                 named = draw(st.lists(st.sampled_from(REGIONS), unique=True, max_size=3))
                 row["hb_vector"] = {r: high[r] + draw(st.integers(0, 2)) for r in named}
@@ -74,9 +77,13 @@ def snapshots(draw) -> tuple[list[dict], list[tuple]]:
     return rows, read
 
 
+# Small bounds, so that the generated clocks give HEARTBEAT_GAP and CLOCK_UNCERTAINTY anomalies.
+BOUNDS = AnomalyBounds(heartbeat_gap_ms=10, clock_uncertainty_ms=4)
+
+
 def _old(raw, read_positions):
     annotated = window_segments(raw, read_positions)
-    return annotated, window_watermarks(annotated)
+    return annotated, window_watermarks(annotated), window_anomalies(raw, BOUNDS)
 
 
 def _tables(frame) -> Counter:
@@ -87,15 +94,19 @@ def _check(spark, rows, read, on_driver: bool) -> None:
     raw = raw_frame(spark, rows)
     read_positions = spark.createDataFrame(read, ",".join(f"{c} {t}" for c, t in zip(
         SKIPPED, ("string", "string", "string", "int", "bigint")))) if read else None
-    old_segments, old_watermarks = _old(raw, read_positions)
-    passed = stream_pass(raw, read_positions, rows=len(rows) if on_driver else None)
-    segments, watermarks = _tables(old_segments), _tables(old_watermarks)
+    old_segments, old_watermarks, old_anomalies = _old(raw, read_positions)
+    passed = stream_pass(raw, read_positions, rows=len(rows) if on_driver else None,
+                         heartbeat_gap_ms=BOUNDS.heartbeat_gap_ms, clock_uncertainty_ms=BOUNDS.clock_uncertainty_ms)
+    segments, watermarks, anomalies = _tables(old_segments), _tables(old_watermarks), _tables(old_anomalies)
     assert _tables(segment_rows(passed)) == segments
     assert _tables(watermark_rows(passed)) == watermarks
+    assert _tables(anomaly_rows(passed)) == anomalies
     if not on_driver:
         # The same from segments computed earlier (a table read back), and through the modules' entry points.
         assert _tables(reconstruct_watermarks(old_segments)) == watermarks
         assert _tables(annotate_segments(raw, read_positions)) == segments
+        assert _tables(find_stream_anomalies(raw, BOUNDS)) == anomalies
+    return anomalies
 
 
 @settings(max_examples=int(__import__("os").environ.get("SP_EXAMPLES", 12)), deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -104,7 +115,8 @@ def test_the_fused_pass_gives_the_window_passes_rows_on_generated_streams(spark,
     # Catches any column of heartbeat_segments or reconstructed_watermarks that the fused pass computes otherwise
     # than the previous implementation: L (strictly before), a segment's opening columns, the resolved timestamp,
     # gap fields with read positions (a gap ending at one), P after START_OF_PUSH or from the first vector, U after a
-    # gap (its run's floor, unknown without a vector after it), M stopping at the gap that ends a run.
+    # gap (its run's floor, unknown without a vector after it), M stopping at the gap that ends a run; and any
+    # anomaly found otherwise (its witness, bound, detail text, the earliest of equal witnesses).
     rows, read = snapshot
     _check(spark, rows, read, on_driver=True)
 
@@ -113,7 +125,9 @@ def test_the_fused_pass_in_spark_s_workers_gives_what_it_gives_on_the_driver(spa
     # Catches the exchange by stream losing a stream's rows to another task (a stream cut in two would restart its
     # segments and L), and the Arrow batches of the workers decoded otherwise than on the driver.
     rows, read = _fixed_snapshot()
-    _check(spark, rows, read, on_driver=False)
+    anomalies = _check(spark, rows, read, on_driver=False)
+    # Every kind of anomaly is among those compared.
+    assert {row[5] for row in anomalies} == set(ANOMALIES)
 
 
 def _fixed_snapshot() -> tuple[list[dict], list[tuple]]:
@@ -138,13 +152,17 @@ def _fixed_snapshot() -> tuple[list[dict], list[tuple]]:
                 high[region] += generator.randint(0, 3)
                 kind = generator.choice(("PUT", "PUT", "PUT", "DELETE", "HEARTBEAT"))
                 row = {"replica": replica, "topic": "t", "partition": partition, "offset": offset, "kind": kind,
-                       "source_region": region, "source_offset": high[region]}
+                       "source_region": region, "source_offset": high[region],
+                       "write_ts": generator.choice((None, generator.randint(0, 2**40))),
+                       "leader_epoch": generator.choice((None, 1, 2))}
                 if kind == "HEARTBEAT":
                     ts = generator.randint(0, 1000)
-                    row.update(origin_ts_min_ms=ts, origin_ts_max_ms=ts + 3, applied_ts_min_ms=ts + 5,
-                               applied_ts_max_ms=ts + 8)
+                    row.update(origin_ts_min_ms=ts, origin_ts_max_ms=ts + generator.randint(0, 6),
+                               applied_ts_min_ms=ts + 5, applied_ts_max_ms=ts + 5 + generator.randint(0, 6))
                     if generator.random() < 0.6:
-                        row["hb_vector"] = {r: high[r] for r in REGIONS if generator.random() < 0.8}
+                        # Now and then a component below an earlier heartbeat's: a HEARTBEAT_REGRESSION.
+                        row["hb_vector"] = {r: max(0, high[r] - generator.choice((0, 0, 0, 2)))
+                                            for r in REGIONS if generator.random() < 0.8}
                 else:
                     row["key"] = f"k{generator.randint(0, 40)}"
                     row["value"] = None if kind == "DELETE" else generator.choice(("x", "y", "z"))

@@ -175,6 +175,7 @@ def _step_of(asset: str) -> str:
         "heartbeat_segment_summary": "stream_pass",
         "reconstructed_watermarks": "stream_pass",
         "partition_watermarks": "stream_pass",
+        "stream_anomalies": "stream_pass",
         "divergence_summary": "divergence_reports",
         "replica_state": "divergence_reports",
         "heartbeat_lag": "replication_lag",
