@@ -3,8 +3,8 @@
 Why: every step of an audit drives the same Spark session (one JVM per run, started
 once), so Dagster's multiprocess executor, which starts a process (and a JVM) per step,
 is out, and its in-process executor runs one step at a time. After the ingestion, an
-audit has four independent branches (segments -> watermarks -> divergence, the stream
-anomalies, the lag tables, the exporter tables). Run one after another, the driver
+audit has three independent branches (the stream pass -> divergence, the lag tables, the
+exporter tables). Run one after another, the driver
 spends much of a small audit analysing plans and waiting for one- or two-task jobs
 while a core idles; run side by side, one step's planning overlaps another's tasks,
 and Spark's scheduler shares the task slots between their jobs.
