@@ -1,9 +1,9 @@
-"""The fused pass per stream: segments, ``L``, gaps, resolved timestamp, ``P``, ``U`` and ``M`` in one go (SPEC 2, 3, 3a).
+"""The fused pass per stream: segments, ``L``, gaps, resolved timestamp, ``P``, ``U``, ``M`` and anomalies (SPEC 2, 3, 5).
 
 Every (snapshot, replica, topic, partition) stream is brought together once (one exchange by
 stream, no sort in Spark) and one vectorized function over its rows in offset order computes
-what the separate window passes of ``pipelines/segments.py`` and ``pipelines/watermarks.py``
-compute, with the same meanings:
+what separate Spark window passes computed before (kept as the tests' oracle,
+``tests/reference_windows.py``), with the same meanings:
 
 - per row (``heartbeat_segments``): its segment (heartbeats at or before it), the opening
   heartbeat's offset, contribution and applied times, the row's contribution, ``L(p)`` (the
@@ -13,7 +13,9 @@ compute, with the same meanings:
 - per data row (``reconstructed_watermarks``): ``U(r)`` (the floor, ``P`` or after a gap the
   floor of its run, joined with the key's ``{source_region: source_offset}`` so far) and ``M(r)``
   (``L`` of the key's next data row in the same run, else ``L`` of the row that ends the run at a
-  gap, else ``L(end)``).
+  gap, else ``L(end)``);
+- the stream anomalies of SPEC 5 (``stream_anomalies``), by the rules ``pipelines/anomalies.py``
+  describes: per component, source region or key, over the same order.
 
 Vectors are laid out dense inside the pass, one ``int64`` column per region the stream names,
 ``-1`` for a missing component (offsets are never negative): a running max is then numpy's
@@ -23,8 +25,8 @@ They leave the pass as ``map<string,bigint>`` again, keys in region order.
 ``stream_rows`` is the pass on Arrow (no Spark: testable and callable on the driver);
 ``stream_pass`` applies it to a frame: in Spark's Python workers after one exchange by stream,
 or, for a few rows (``DRIVER_MAX_ROWS``), once on the driver with no worker to start. The
-tables ``heartbeat_segments`` and ``reconstructed_watermarks`` are both selections of its
-output (``segment_rows``, ``watermark_rows``).
+tables ``heartbeat_segments``, ``reconstructed_watermarks`` and ``stream_anomalies`` are
+selections of its output (``segment_rows``, ``watermark_rows``, ``anomaly_rows``).
 """
 from __future__ import annotations
 
@@ -60,7 +62,6 @@ COMPUTED = (
 _SEGMENT_STRUCT = HeartbeatSegments.to_structtype()
 INPUT_COLUMNS = tuple(f.name for f in _SEGMENT_STRUCT.fields if f.name not in COMPUTED)
 _WATERMARK_STRUCT = ReconstructedWatermarks.to_structtype()
-# The pass's output: every column of heartbeat_segments, then U and M (null on rows that are not data rows).
 # The anomaly columns of stream_anomalies that are not columns of a row: set on the pass's anomaly rows only.
 ANOMALY_COLUMNS = ("anomaly", "observed", "expected", "reference_offset", "previous_leader_epoch", "detail")
 _ANOMALY_STRUCT = StreamAnomalies.to_structtype()
