@@ -20,7 +20,7 @@ reports are committed empty without running their plan (it looks the witnesses' 
 in every row). The replica state takes each key's last version per replica from the
 comparison's pass (``Comparison.last_versions``), not from another exchange of the rows.
 The Delta log's row counts bound the rows the comparison reads (``comparison_rows``): a few
-(``pipelines.leapfrog.DRIVER_MAX_ROWS``) are compared on the driver, without Python workers.
+(``resources.tuning.DRIVER_MAX_ROWS``) are compared on the driver, without Python workers.
 """
 
 from functools import reduce

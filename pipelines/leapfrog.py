@@ -90,6 +90,7 @@ from pipelines.state.carry import kept_where_gapped
 from pipelines.state.rows import LAST_VERSION_COLUMNS
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
+from resources.tuning import DRIVER_MAX_ROWS
 from schemas.conform import conform, local_batches, local_frame
 from schemas.raw import VECTOR
 from schemas.divergence import DivergenceReports, DivergenceSummary
@@ -100,9 +101,6 @@ PART = ("snapshot_id", "topic", "partition")
 PAIR = (*PART, "replica_a", "replica_b")
 REPLICA_PARTITION = ("snapshot_id", "replica", "topic", "partition")
 SIDES = ("a", "b")
-# At most this many rows, the comparison runs on the driver (``_compared``): a small audit then
-# starts no Python worker, whose start costs more than the pass over its rows.
-DRIVER_MAX_ROWS = 20_000
 
 
 # --------------------------------------------------------------- the search (numpy)

@@ -42,6 +42,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from resources.tuning import DRIVER_MAX_ROWS
 from schemas.conform import conform, local_batches, to_arrow_schema
 from schemas.operations import StreamAnomalies
 from schemas.raw import DATA_KINDS, VECTOR
@@ -49,8 +50,6 @@ from schemas.segments import HeartbeatSegments
 from schemas.watermarks import ReconstructedWatermarks
 
 PARTITION_KEYS = ("snapshot_id", "replica", "topic", "partition")
-# At most this many rows the pass runs on the driver: a small audit starts no Python worker for it.
-DRIVER_MAX_ROWS = 20_000
 MISSING = -1
 _NONE = np.iinfo(np.int64).max  # "no value" inside integer arrays that are nullable columns outside
 

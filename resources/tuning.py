@@ -15,6 +15,10 @@ DEFAULT_DRIVER_MEMORY = "3g"
 # named by no version until it commits).
 DEFAULT_RETENTION_HOURS = 7 * 24
 
+# At most this many rows, a pass over Arrow batches (the stream pass, the Leap Frog comparison) runs once on the
+# driver: a small audit then starts no Python worker, whose start costs more than the pass over its rows.
+DRIVER_MAX_ROWS = 20_000
+
 # Steps of one audit run at once, on threads of the run's process (replica_lens/executor.py).
 # Measured on the 2-core development machine (docs/performance.md, "Levers tried").
 DEFAULT_CONCURRENT_STEPS = 2
