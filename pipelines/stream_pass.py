@@ -51,6 +51,8 @@ from schemas.watermarks import ReconstructedWatermarks
 
 PARTITION_KEYS = ("snapshot_id", "replica", "topic", "partition")
 MISSING = -1
+# Rows per Arrow batch the pass returns to Spark (a few MB each).
+OUTPUT_BATCH_ROWS = 16_384
 _NONE = np.iinfo(np.int64).max  # "no value" inside integer arrays that are nullable columns outside
 
 # What the pass reads of each row: every column of heartbeat_segments that is not computed.
@@ -555,8 +557,10 @@ def stream_rows(
     schema = to_arrow_schema(OUTPUT_STRUCT)
     for stream in _streams(batches):
         for batch in _stream_batches(stream, schema, heartbeat_gap_ms, clock_uncertainty_ms):
-            if batch.num_rows:
-                yield batch
+            # In slices: the JVM holds each batch it receives whole, off its heap (a 20M-row audit's streams of
+            # 1.7M rows, returned whole, took the driver JVM from 3.3 to 4.8 GiB).
+            for start in range(0, batch.num_rows, OUTPUT_BATCH_ROWS):
+                yield batch.slice(start, OUTPUT_BATCH_ROWS)
 
 
 def segment_watermarks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -130,6 +130,26 @@ def test_the_fused_pass_in_spark_s_workers_gives_what_it_gives_on_the_driver(spa
     assert {row[5] for row in anomalies} == set(ANOMALIES)
 
 
+def test_the_pass_returns_bounded_batches_whatever_a_stream_s_length(monkeypatch):
+    # Catches a stream's rows returned as one Arrow batch (the JVM holds each batch whole, off its heap: a 20M-row
+    # audit's driver went over 4 GiB), and rows lost or repeated where the batches are cut.
+    import pyarrow as pa
+
+    import pipelines.stream_pass as pass_module
+    from schemas.conform import to_arrow_schema
+
+    monkeypatch.setattr(pass_module, "OUTPUT_BATCH_ROWS", 100)
+    rows = [{"snapshot_id": "t", "replica": "r1", "topic": "t", "partition": 0, "offset": o, "kind": "PUT", "key": f"k{o % 7}",
+             "value_hash": "x", "source_region": "dc-a", "source_offset": o} for o in range(1, 1001)]
+    rows.insert(0, {"snapshot_id": "t", "replica": "r1", "topic": "t", "partition": 0, "offset": 0, "kind": "START_OF_PUSH"})
+    schema = to_arrow_schema(pass_module._SEGMENT_STRUCT)
+    table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema)
+    out = list(pass_module.stream_rows(iter(table.select(list(pass_module.INPUT_COLUMNS)).to_batches())))
+    assert max(b.num_rows for b in out) == 100
+    offsets = [o for b in out for o in b.column("offset").to_pylist()]
+    assert sorted(offsets) == list(range(1001)) and len(offsets) == 1001
+
+
 def _fixed_snapshot() -> tuple[list[dict], list[tuple]]:
     """A snapshot of several streams with gaps, read positions and vector heartbeats (deterministic)."""
     import random
