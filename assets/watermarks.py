@@ -100,8 +100,7 @@ def stream_pass(context: dg.AssetExecutionContext, config: AnomalyConfig, spark:
         skipped = store.snapshot_rows("raw_topic_skipped", [snapshot_id])
         read_positions = None if skipped == 0 else read_stage(session, store, "raw_topic_skipped", snapshot_id)
         bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
-        passed = pass_streams(raw, read_positions, rows=rows, heartbeat_gap_ms=bounds.heartbeat_gap_ms,
-                              clock_uncertainty_ms=bounds.clock_uncertainty_ms)
+        passed = pass_streams(raw, read_positions, rows=rows, bounds=bounds)
         if not ran_on_driver(rows):
             # Two tables are written from it: computed once, kept on local disk, not computed twice.
             passed = computed_once(passed)

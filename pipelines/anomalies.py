@@ -44,27 +44,9 @@ Decisions the SPEC leaves open:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from pyspark.sql import DataFrame
 
-from pipelines.stream_pass import anomaly_rows, stream_pass
-
-
-@dataclass(frozen=True)
-class AnomalyBounds:
-    """Configured bounds of the time-based anomalies.
-
-    heartbeat_gap_ms: HEARTBEAT_GAP when the applied time between two consecutive
-        heartbeats of a partition is surely above this (default 60 s, a dozen missed
-        beats at the usual few-second heartbeat interval).
-    clock_uncertainty_ms: CLOCK_UNCERTAINTY when the origin or the applied clock
-        interval of a heartbeat (max - min) is wider than this (default 1 s; a healthy
-        NTP-synchronised clock is uncertain by milliseconds).
-    """
-
-    heartbeat_gap_ms: int = 60_000
-    clock_uncertainty_ms: int = 1_000
+from pipelines.stream_pass import AnomalyBounds, anomaly_rows, stream_pass  # noqa: F401 - AnomalyBounds: its home for callers
 
 
 def find_stream_anomalies(raw: DataFrame, bounds: AnomalyBounds = AnomalyBounds(), rows: int | None = None) -> DataFrame:
@@ -74,6 +56,5 @@ def find_stream_anomalies(raw: DataFrame, bounds: AnomalyBounds = AnomalyBounds(
     rows ``raw`` has, when known (a few run on the driver). The audit takes them from the same
     pass as its segments and watermarks.
     """
-    passed = stream_pass(raw, rows=rows, heartbeat_gap_ms=bounds.heartbeat_gap_ms,
-                         clock_uncertainty_ms=bounds.clock_uncertainty_ms)
+    passed = stream_pass(raw, rows=rows, bounds=bounds)
     return anomaly_rows(passed)

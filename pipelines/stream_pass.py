@@ -31,6 +31,7 @@ selections of its output (``segment_rows``, ``watermark_rows``, ``anomaly_rows``
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from functools import partial
 from typing import Iterator
 
@@ -74,6 +75,22 @@ OUTPUT_STRUCT = T.StructType(
     + [T.StructField("touch_bound", VECTOR, True), T.StructField("reach", VECTOR, True)]
     + [T.StructField(name, _ANOMALY_STRUCT[name].dataType, True) for name in ANOMALY_COLUMNS]
 )
+
+
+@dataclass(frozen=True)
+class AnomalyBounds:
+    """Configured bounds of the time-based anomalies (``pipelines/anomalies.py`` describes the rules).
+
+    heartbeat_gap_ms: HEARTBEAT_GAP when the applied time between two consecutive
+        heartbeats of a partition is surely above this (default 60 s, a dozen missed
+        beats at the usual few-second heartbeat interval).
+    clock_uncertainty_ms: CLOCK_UNCERTAINTY when the origin or the applied clock
+        interval of a heartbeat (max - min) is wider than this (default 1 s; a healthy
+        NTP-synchronised clock is uncertain by milliseconds).
+    """
+
+    heartbeat_gap_ms: int = 60_000
+    clock_uncertainty_ms: int = 1_000
 
 
 # ------------------------------------------------------------------ small numpy tools
@@ -308,13 +325,13 @@ def _watermark_columns(
     return data, touch[back], floor_known[sorted_rows][back], reach[back]
 
 
-def _stream_batches(table: pa.Table, schema: pa.Schema, heartbeat_gap_ms: int, clock_uncertainty_ms: int):
+def _stream_batches(table: pa.Table, schema: pa.Schema, bounds: AnomalyBounds):
     """The pass over one stream (its positions sorted by offset): its rows with every output column, then its
     anomalies."""
     s = _Stream(table)
     rows = np.flatnonzero(s.is_row)
     yield _stream_batch(s, rows, schema)
-    found = _stream_anomalies(s, rows, heartbeat_gap_ms, clock_uncertainty_ms)
+    found = _stream_anomalies(s, rows, bounds.heartbeat_gap_ms, bounds.clock_uncertainty_ms)
     if found.columns["at"]:
         yield _anomaly_batch(s, rows, found, schema)
 
@@ -545,18 +562,15 @@ def _streams(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
         yield table.slice(begin, stop - begin)
 
 
-def stream_rows(
-    batches: Iterator[pa.RecordBatch], heartbeat_gap_ms: int = 60_000, clock_uncertainty_ms: int = 1_000,
-) -> Iterator[pa.RecordBatch]:
+def stream_rows(batches: Iterator[pa.RecordBatch], bounds: AnomalyBounds = AnomalyBounds()) -> Iterator[pa.RecordBatch]:
     """The fused pass over every stream among ``batches`` (``INPUT_COLUMNS``; read positions: kind null).
 
     A stream's positions must all be among ``batches`` (one exchange by stream gives that), in
-    any order: they are sorted here by stream and offset. The bounds are the time-based
-    anomalies' (``pipelines.anomalies.AnomalyBounds``).
+    any order: they are sorted here by stream and offset. ``bounds``: the time-based anomalies'.
     """
     schema = to_arrow_schema(OUTPUT_STRUCT)
     for stream in _streams(batches):
-        for batch in _stream_batches(stream, schema, heartbeat_gap_ms, clock_uncertainty_ms):
+        for batch in _stream_batches(stream, schema, bounds):
             # In slices: the JVM holds each batch it receives whole, off its heap (a 20M-row audit's streams of
             # 1.7M rows, returned whole, took the driver JVM from 3.3 to 4.8 GiB).
             for start in range(0, batch.num_rows, OUTPUT_BATCH_ROWS):
@@ -609,18 +623,17 @@ def ran_on_driver(rows: int | None) -> bool:
 
 def stream_pass(
     raw: DataFrame, read_positions: DataFrame | None = None, rows: int | None = None,
-    heartbeat_gap_ms: int = 60_000, clock_uncertainty_ms: int = 1_000,
+    bounds: AnomalyBounds = AnomalyBounds(),
 ) -> DataFrame:
     """Every version-topic row of ``raw`` with its segment columns, ``U`` and ``M``, and its anomalies (``OUTPUT_STRUCT``).
 
     ``read_positions``: (``snapshot_id``, ``replica``, ``topic``, ``partition``, ``offset``) of
     positions read that hold no row (raw Venice records skipped by rule): they close gaps and are
     not rows. ``rows``: how many rows ``raw`` holds when the caller knows (the Delta log does): at
-    most ``DRIVER_MAX_ROWS`` the pass runs on the driver. The bounds: the time-based anomalies'
-    (``pipelines.anomalies.AnomalyBounds``).
+    most ``DRIVER_MAX_ROWS`` the pass runs on the driver. ``bounds``: the time-based anomalies'.
     """
     positions = _positions(raw, read_positions)
-    kernel = partial(stream_rows, heartbeat_gap_ms=heartbeat_gap_ms, clock_uncertainty_ms=clock_uncertainty_ms)
+    kernel = partial(stream_rows, bounds=bounds)
     if ran_on_driver(rows):
         return local_batches(raw.sparkSession, kernel(iter(positions.toArrow().to_batches())), OUTPUT_STRUCT)
     return positions.repartition(*PARTITION_KEYS).mapInArrow(kernel, OUTPUT_STRUCT)

@@ -95,8 +95,7 @@ def _check(spark, rows, read, on_driver: bool) -> None:
     read_positions = spark.createDataFrame(read, ",".join(f"{c} {t}" for c, t in zip(
         SKIPPED, ("string", "string", "string", "int", "bigint")))) if read else None
     old_segments, old_watermarks, old_anomalies = _old(raw, read_positions)
-    passed = stream_pass(raw, read_positions, rows=len(rows) if on_driver else None,
-                         heartbeat_gap_ms=BOUNDS.heartbeat_gap_ms, clock_uncertainty_ms=BOUNDS.clock_uncertainty_ms)
+    passed = stream_pass(raw, read_positions, rows=len(rows) if on_driver else None, bounds=BOUNDS)
     segments, watermarks, anomalies = _tables(old_segments), _tables(old_watermarks), _tables(old_anomalies)
     assert _tables(segment_rows(passed)) == segments
     assert _tables(watermark_rows(passed)) == watermarks
