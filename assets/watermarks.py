@@ -9,9 +9,8 @@ from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.ingest.judging import value_token
 from pipelines.frames import computed_once
-from pipelines.segments import summarize_segments
 from pipelines.anomalies import AnomalyBounds
-from pipelines.stream_pass import anomaly_rows, ran_on_driver, segment_rows, watermark_rows
+from pipelines.stream_pass import anomaly_rows, ran_on_driver, segment_rows, summary_rows, watermark_rows
 from pipelines.stream_pass import stream_pass as pass_streams
 from pipelines.watermarks import partition_watermarks
 from resources.delta_store import DeltaStore
@@ -102,10 +101,10 @@ def stream_pass(context: dg.AssetExecutionContext, config: AnomalyConfig, spark:
         bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
         passed = pass_streams(raw, read_positions, rows=rows, bounds=bounds)
         if not ran_on_driver(rows):
-            # Two tables are written from it: computed once, kept on local disk, not computed twice.
+            # Four tables are written from it: computed once, kept on local disk, not computed again.
             passed = computed_once(passed)
         tables.stage(segment_rows(passed), "heartbeat_segments")
-        tables.stage(summarize_segments(tables.frame("heartbeat_segments")), "heartbeat_segment_summary")
+        tables.stage(summary_rows(passed), "heartbeat_segment_summary")
         # Whether any dump has a gap, and which, observed by the same write, for the materialization's metadata.
         tables.stage(
             partition_watermarks(tables.frame("heartbeat_segment_summary")), "partition_watermarks",

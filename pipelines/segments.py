@@ -10,7 +10,7 @@ Each row also carries its *contribution* to what the replica is known to have ap
 none; a data row's ``{source_region: source_offset}``; nothing for START_OF_PUSH) and
 ``L(p)``, the componentwise max of the contributions strictly before it, so that the
 later stages reuse both instead of sorting the stream again. They are computed by the
-fused pass per stream (``pipelines/stream_pass.py``); this module summarizes them.
+fused pass per stream (``pipelines/stream_pass.py``), with one summary row per segment.
 
 Gaps (SPEC 3a) are found by the same ordering: the offsets of a version topic are
 contiguous, so positions between two consecutive positions read that hold nothing are a
@@ -59,6 +59,10 @@ def bound_after_last_row() -> Column:
 
 def summarize_segments(annotated: DataFrame) -> DataFrame:
     """One row per segment: offsets, rows per kind, first kind, baseline, closing watermark, resolved timestamp.
+
+    The summary of segment rows computed earlier (a table read back), as Spark aggregates; the
+    audit writes the same rows from the fused pass (``pipelines.stream_pass.summary_rows``), and
+    ``tests/test_stream_pass.py`` holds the two equal.
 
     It holds what ``pipelines.watermarks.partition_watermarks`` needs, so that the bounds of
     each replica partition come from its few segments instead of from every row again: the

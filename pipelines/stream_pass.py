@@ -47,7 +47,7 @@ from resources.tuning import DRIVER_MAX_ROWS
 from schemas.conform import conform, local_batches, to_arrow_schema
 from schemas.operations import StreamAnomalies
 from schemas.raw import DATA_KINDS, VECTOR
-from schemas.segments import HeartbeatSegments
+from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
 from schemas.watermarks import ReconstructedWatermarks
 
 PARTITION_KEYS = ("snapshot_id", "replica", "topic", "partition")
@@ -67,13 +67,19 @@ _WATERMARK_STRUCT = ReconstructedWatermarks.to_structtype()
 # The anomaly columns of stream_anomalies that are not columns of a row: set on the pass's anomaly rows only.
 ANOMALY_COLUMNS = ("anomaly", "observed", "expected", "reference_offset", "previous_leader_epoch", "detail")
 _ANOMALY_STRUCT = StreamAnomalies.to_structtype()
+_SUMMARY_STRUCT = HeartbeatSegmentSummary.to_structtype()
+# The columns of heartbeat_segment_summary that are not columns of a row: one struct, set on the summary rows only.
+SUMMARY = "segment_summary"
+SUMMARY_COLUMNS = tuple(f.name for f in _SUMMARY_STRUCT.fields if f.name not in _SEGMENT_STRUCT.names)
 # The pass's output: every column of heartbeat_segments, then U and M (null on rows that are not data rows), then
-# the anomaly columns. A row of the stream has a null ``anomaly``; an anomaly found at a row is a row of its own
-# (its position, key, source region and leader epoch set, ``kind`` null).
+# the anomaly columns, then the summary's. Three kinds of rows: a row of the stream (``kind`` set); an anomaly found
+# at a row (``anomaly`` set; its position, key, source region and leader epoch too, ``kind`` null); a segment's
+# summary (``segment_summary`` set; its stream, segment and opening columns too, ``kind`` null).
 OUTPUT_STRUCT = T.StructType(
     [T.StructField(f.name, f.dataType, True) for f in _SEGMENT_STRUCT.fields]
     + [T.StructField("touch_bound", VECTOR, True), T.StructField("reach", VECTOR, True)]
     + [T.StructField(name, _ANOMALY_STRUCT[name].dataType, True) for name in ANOMALY_COLUMNS]
+    + [T.StructField(SUMMARY, T.StructType([_SUMMARY_STRUCT[name] for name in SUMMARY_COLUMNS]), True)]
 )
 
 
@@ -330,16 +336,18 @@ def _stream_batches(table: pa.Table, schema: pa.Schema, bounds: AnomalyBounds):
     anomalies."""
     s = _Stream(table)
     rows = np.flatnonzero(s.is_row)
-    yield _stream_batch(s, rows, schema)
+    seg = _segment_columns(s)
+    yield _stream_batch(s, rows, seg, schema)
+    if len(rows):
+        yield _summary_batch(s, rows, seg, schema)
     found = _stream_anomalies(s, rows, bounds.heartbeat_gap_ms, bounds.clock_uncertainty_ms)
     if found.columns["at"]:
         yield _anomaly_batch(s, rows, found, schema)
 
 
-def _stream_batch(s: _Stream, rows: np.ndarray, schema: pa.Schema) -> pa.RecordBatch:
-    """One stream's rows with every output column (the anomaly columns null)."""
+def _stream_batch(s: _Stream, rows: np.ndarray, seg: dict[str, np.ndarray], schema: pa.Schema) -> pa.RecordBatch:
+    """One stream's rows (``seg``: its ``_segment_columns``) with every output column (anomalies and summary null)."""
     table = s.table
-    seg = _segment_columns(s)
     end = seg["applied"][rows[-1]] if len(rows) else None  # L(end): every contribution joined
     data, touch, known, reach = _watermark_columns(
         s, rows, seg["applied_lower_bound"][rows], seg["missing_before"][rows], end,
@@ -376,8 +384,73 @@ def _stream_batch(s: _Stream, rows: np.ndarray, schema: pa.Schema) -> pa.RecordB
     touch_full[data], reach_full[data], is_data[data], touch_known[data] = touch, reach, True, known
     out["touch_bound"] = _vectors(touch_full, touch_known, regions)
     out["reach"] = _vectors(reach_full, is_data, regions)
-    for name in ANOMALY_COLUMNS:
+    for name in (*ANOMALY_COLUMNS, SUMMARY):
         out[name] = pa.nulls(count, schema.field(name).type)
+    return pa.RecordBatch.from_arrays([out[f.name] for f in schema], schema=schema)
+
+
+def _summary_batch(s: _Stream, rows: np.ndarray, seg: dict[str, np.ndarray], schema: pa.Schema) -> pa.RecordBatch:
+    """One row per segment of the stream (``rows``: its rows' positions, in offset order; ``seg``: its
+    ``_segment_columns``): ``heartbeat_segment_summary``'s columns, the summary's own in ``segment_summary``.
+
+    A segment's rows are consecutive; its opening columns and resolved timestamp are those of its
+    first row (only a heartbeat, which opens a segment, changes them), its closing watermark is ``L``
+    just after its last row, and its gap figures are those of its rows that follow a gap.
+    """
+    table, count = s.table, len(rows)
+    segment = seg["segment"][rows]
+    first = np.flatnonzero(np.append(True, segment[1:] != segment[:-1]))  # each segment's first row, in ``rows``
+    last = np.append(first[1:] - 1, count - 1)
+    at, closing = rows[first], rows[last]
+    kind = table["kind"].take(pa.array(rows)).combine_chunks()
+
+    def per_segment(mask: np.ndarray | pa.Array) -> pa.Array:
+        counted = mask if isinstance(mask, np.ndarray) else pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
+        return pa.array(np.add.reduceat(counted.astype(np.int64), first), pa.int64())
+
+    gap_before = seg["gap_before"][rows]
+    at_gap = gap_before > 0
+    first_gap = _next_index(at_gap)[first]
+    first_gap = np.where((first_gap >= 0) & (first_gap <= last), first_gap, -1)
+    last_gap = _last_index(at_gap)[last]
+    last_gap = np.where(last_gap >= first, last_gap, -1)
+    opening = seg["opening"][at]
+    opened = opening >= 0
+    puts, deletes, beats = (per_segment(pc.equal(kind, k)) for k in ("PUT", "DELETE", "HEARTBEAT"))
+    rows_in = np.diff(np.append(first, count))
+    fields = {
+        "first_offset": pa.array(s.offset[at], pa.int64()),
+        "last_offset": pa.array(s.offset[closing], pa.int64()),
+        "rows": pa.array(rows_in, pa.int64()),
+        "puts": puts,
+        "deletes": deletes,
+        "heartbeats": beats,
+        "other_rows": pa.array(rows_in - puts.to_numpy() - deletes.to_numpy() - beats.to_numpy(), pa.int64()),
+        "first_kind": kind.take(pa.array(first)),
+        "opening_has_vector": pa.array(opened & (s.is_hb & s.hb_valid)[np.maximum(opening, 0)]),
+        "closing_watermark": _vectors(seg["applied"][closing], None, s.regions),
+        "gaps": per_segment(at_gap),
+        "gap_positions": pa.array(np.add.reduceat(gap_before, first), pa.int64()),
+        "first_gap_offset": _nullable(_taken(seg["gap_start"][rows], first_gap)),
+        "last_gap_offset": _nullable(_taken(seg["gap_end"][rows], last_gap)),
+        "first_gap_lower_bound": _vectors(seg["applied_lower_bound"][rows[np.maximum(first_gap, 0)]], first_gap >= 0,
+                                          s.regions),
+    }
+    n = len(first)
+    summary_type = schema.field(SUMMARY).type
+    out = {name: pa.nulls(n, field.type) for name, field in zip(schema.names, schema)}
+    for name in PARTITION_KEYS:
+        out[name] = table[name].take(pa.array(at)).combine_chunks()
+    out.update(
+        segment=pa.array(segment[first], pa.int64()),
+        opening_offset=_nullable(_taken(s.offset, opening)),
+        baseline_vector=_vectors(seg["contribution"][np.maximum(opening, 0)], opened, s.regions),
+        opening_applied_ts_min_ms=_nullable(_taken(_int_column(table["applied_ts_min_ms"]), opening)),
+        opening_applied_ts_max_ms=_nullable(_taken(_int_column(table["applied_ts_max_ms"]), opening)),
+        resolved_ts_ms=_nullable(seg["resolved_ts_ms"][at]),
+    )
+    out[SUMMARY] = pa.StructArray.from_arrays([fields[f.name].cast(f.type) for f in summary_type],
+                                              fields=list(summary_type))
     return pa.RecordBatch.from_arrays([out[f.name] for f in schema], schema=schema)
 
 
@@ -647,8 +720,14 @@ def watermarks_of_segments(annotated: DataFrame) -> DataFrame:
 
 
 def segment_rows(passed: DataFrame) -> DataFrame:
-    """``heartbeat_segments`` from the pass's output: its rows that are not anomalies."""
-    return conform(passed.where(F.col("anomaly").isNull()), HeartbeatSegments.to_structtype())
+    """``heartbeat_segments`` from the pass's output: its rows of the streams (anomalies and summaries have no kind)."""
+    return conform(passed.where(F.col("kind").isNotNull()), HeartbeatSegments.to_structtype())
+
+
+def summary_rows(passed: DataFrame) -> DataFrame:
+    """``heartbeat_segment_summary`` from the pass's output: its summary rows, one per segment."""
+    summaries = passed.where(F.col(SUMMARY).isNotNull())
+    return conform(summaries.select(*_SEGMENT_STRUCT.names, f"{SUMMARY}.*"), _SUMMARY_STRUCT)
 
 
 def watermark_rows(passed: DataFrame) -> DataFrame:

@@ -4,8 +4,8 @@ The previous implementation (``annotate_segments``, ``summarize_segments``,
 ``partition_watermarks``, ``reconstruct_watermarks``: Spark windows and joins) is the oracle:
 generated streams with every feature the pass reads (START_OF_PUSH or not, heartbeats with and
 without vectors, gaps, positions read that hold no row, gaps ending at such a position, keys
-written from several regions, timestamps out of order) give the same ``heartbeat_segments`` and
-``reconstructed_watermarks`` rows both ways.
+written from several regions, timestamps out of order) give the same ``heartbeat_segments``,
+``heartbeat_segment_summary``, ``reconstructed_watermarks`` and ``stream_anomalies`` rows both ways.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
-from pipelines.segments import annotate_segments
-from pipelines.stream_pass import anomaly_rows, segment_rows, stream_pass, watermark_rows
+from pipelines.segments import annotate_segments, summarize_segments
+from pipelines.stream_pass import anomaly_rows, segment_rows, stream_pass, summary_rows, watermark_rows
 from pipelines.watermarks import reconstruct_watermarks
 from schemas.operations import ANOMALIES
 from schemas.raw import RawTopicSnapshots
@@ -98,6 +98,7 @@ def _check(spark, rows, read, on_driver: bool) -> None:
     passed = stream_pass(raw, read_positions, rows=len(rows) if on_driver else None, bounds=BOUNDS)
     segments, watermarks, anomalies = _tables(old_segments), _tables(old_watermarks), _tables(old_anomalies)
     assert _tables(segment_rows(passed)) == segments
+    assert _tables(summary_rows(passed)) == _tables(summarize_segments(old_segments))
     assert _tables(watermark_rows(passed)) == watermarks
     assert _tables(anomaly_rows(passed)) == anomalies
     if not on_driver:
@@ -145,7 +146,7 @@ def test_the_pass_returns_bounded_batches_whatever_a_stream_s_length(monkeypatch
     table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema)
     out = list(pass_module.stream_rows(iter(table.select(list(pass_module.INPUT_COLUMNS)).to_batches())))
     assert max(b.num_rows for b in out) == 100
-    offsets = [o for b in out for o in b.column("offset").to_pylist()]
+    offsets = [o for b in out for o, k in zip(b.column("offset").to_pylist(), b.column("kind").to_pylist()) if k]
     assert sorted(offsets) == list(range(1001)) and len(offsets) == 1001
 
 
