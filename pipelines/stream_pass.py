@@ -124,12 +124,18 @@ def _taken(values: np.ndarray, index: np.ndarray, none=_NONE) -> np.ndarray:
 def _grouped_cummax(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     """Running max of each column of ``values`` (rows, columns) within runs of equal ``group`` (rows sorted by group).
 
-    Each value is replaced by its rank among the distinct values, and each group is lifted above
-    the ones before it (``group * (ranks + 1)``): one ``maximum.accumulate`` then never carries a
-    max across groups, and the ranks keep the lift far from overflowing whatever the offsets.
+    Each group is lifted above the ones before it (``group * span``, ``span`` above the values'
+    range): one ``maximum.accumulate`` then never carries a max across groups. When the lift could
+    overflow (offsets near 2**63), each value is first replaced by its rank among the distinct
+    values (a sort: the common case does without it).
     """
     if values.size == 0:
         return values
+    low, high = int(values.min()), int(values.max())
+    span = high - low + 1
+    if span * (int(group.max()) + 1) < 2**62:
+        lift = (group.astype(np.int64) * span - low)[:, None]
+        return np.maximum.accumulate(values + lift, axis=0) - lift
     distinct, rank = np.unique(values, return_inverse=True)
     rank = rank.reshape(values.shape)
     lift = (group.astype(np.int64) * (len(distinct) + 1))[:, None]
@@ -514,14 +520,16 @@ def _stream_anomalies(s: _Stream, rows: np.ndarray, heartbeat_gap_ms: int, clock
     # DATA_BEYOND_HEARTBEAT: a data row's source offset against the next heartbeat that carries a vector.
     vector_hb = is_hb & s.hb_valid[rows]
     judge = np.append(_next_index(vector_hb)[1:], -1)  # strictly after the row
-    for i in np.flatnonzero(is_data & (judge >= 0) & (region >= 0)):
+    judged = np.flatnonzero(is_data & (judge >= 0) & (region >= 0))
+    components = s.hb[rows[judge[judged]], region[judged]]
+    beyond = (components < 0) | (source[judged] > components)
+    for i, component in zip(judged[beyond].tolist(), components[beyond].tolist()):
         name, at = regions[region[i]], int(offset[judge[i]])
-        component = int(s.hb[rows[judge[i]], region[i]])
         if component < 0:
             found.add(i, "DATA_BEYOND_HEARTBEAT", name, int(source[i]), None, at,
                       f"source offset {source[i]} from {name}, but the next heartbeat (offset {at}) has no {name} "
                       "component", key_at=i)
-        elif source[i] > component:
+        else:
             found.add(i, "DATA_BEYOND_HEARTBEAT", name, int(source[i]), component, at,
                       f"source offset {source[i]} from {name} is above hb_vector[{name}] = {component} of the next "
                       f"heartbeat (offset {at})", key_at=i)

@@ -190,3 +190,24 @@ def _fixed_snapshot() -> tuple[list[dict], list[tuple]]:
                 offset += 1
     assert {f.name for f in RawTopicSnapshots.to_structtype().fields} >= set(rows[0])
     return rows, read
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(data=st.data(), huge=st.booleans())
+def test_the_grouped_running_max_never_carries_a_max_across_keys(data, huge):
+    # Catches a running max that leaks from one key into the next (U would then hold another key's writes), and the
+    # lift overflowing: offsets near 2**63 take the ranked path, small ones the direct lift; both against a loop.
+    import numpy as np
+
+    from pipelines.stream_pass import MISSING, _grouped_cummax
+
+    top = 2**63 - 2 if huge else 50
+    n = data.draw(st.integers(1, 30))
+    groups = np.sort(np.asarray(data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)), dtype=np.int64))
+    values = np.asarray(data.draw(st.lists(st.lists(st.one_of(st.just(MISSING), st.integers(0, top)), min_size=2,
+                                                    max_size=2), min_size=n, max_size=n)), dtype=np.int64)
+    expected = values.copy()
+    for i in range(1, n):
+        if groups[i] == groups[i - 1]:
+            expected[i] = np.maximum(expected[i - 1], values[i])
+    assert (_grouped_cummax(values, groups) == expected).all()
