@@ -117,7 +117,7 @@ def earliest_proofs(
     Returns ``(groups, w_idx, v_idx)`` for the proven groups, in group order.
 
     All groups are solved together with sorts and binary searches, never one at a time: a
-    per-region value becomes ``group * span + rank of the value`` so that one sorted array
+    per-region value becomes ``group * span + value`` (``_comparable``) so that one sorted array
     answers every group's rank queries. Memory stays linear in the rows, whatever one
     group's size (``tests/test_leapfrog_kernel.py``).
     """
@@ -130,14 +130,11 @@ def earliest_proofs(
         return none
     group_a, group_b = group[a_rows], group[b_rows]
     first_a = np.searchsorted(group_a, group_b, side="left")  # where w's group starts among A's rows
-    rows = len(order)
-    span = 2 * rows + 1
+    groups = int(group[-1]) + 1
     upper = np.full(len(b_rows), np.iinfo(np.int64).max)  # a(w) = min_r a_r(w)
     lower = np.zeros(len(b_rows), dtype=np.int64)  # s(w) = max_r s_r(w)
     for u_r, m_r in zip(u, m):
-        # Ranks of every U_r and M_r value, so that (group, value) fits one int64.
-        _, rank = np.unique(np.concatenate([u_r[order], m_r[order]]), return_inverse=True)
-        u_rank, m_rank = rank[:rows], rank[rows:]
+        u_rank, m_rank, span = _comparable(u_r[order], m_r[order], groups)
         a_u = np.sort(group_a * span + u_rank[a_rows])
         a_m = np.sort(group_a * span + m_rank[a_rows])
         # a_r(w) = #{v of A : U_r(v) <= M_r(w)}; s_r(w) = #{v of A : M_r(v) < U_r(w)}
@@ -156,6 +153,20 @@ def earliest_proofs(
     chosen = proven[first]
     v_idx = np.where(differs[chosen], idx[at_s[chosen]], run_end[at_s[chosen]])
     return group_b[chosen], idx[b_rows[chosen]], v_idx.astype(np.int64)
+
+
+def _comparable(u: np.ndarray, m: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """``u`` and ``m`` as non-negative integers in the same order, equal where they are, and a ``span`` above them all,
+    so that ``group * span + value`` (``group`` below ``groups``) orders by group, then value, within an int64.
+
+    The values shifted to start at 0 when that fits (no sort); else (offsets near 2**63) their ranks among the
+    distinct values of both.
+    """
+    low, high = min(int(u.min()), int(m.min())), max(int(u.max()), int(m.max()))
+    if (high - low + 1) * groups < 2**62:
+        return u - low, m - low, high - low + 1
+    _, rank = np.unique(np.concatenate([u, m]), return_inverse=True)
+    return rank[:len(u)], rank[len(u):], len(u) + len(m) + 1
 
 
 # ------------------------------------------------------------ the pass (Arrow in, Arrow out)
