@@ -504,6 +504,10 @@ def _stream_anomalies(s: _Stream, rows: np.ndarray, heartbeat_gap_ms: int, clock
     """
     found = _Found()
     regions = s.regions.to_pylist()
+
+    def region_of(i: int) -> str | None:  # the source region of the row at ``i`` (among ``rows``), if it names one
+        return regions[region[i]] if region[i] >= 0 else None
+
     offset = s.offset[rows]
     is_hb, is_data = s.is_hb[rows], s.is_data[rows]
     region, source = s.region[rows], s.source_offset[rows]
@@ -565,7 +569,7 @@ def _stream_anomalies(s: _Stream, rows: np.ndarray, heartbeat_gap_ms: int, clock
                   f"previous write at offset {offset[p]}")
         if was != is_:
             detail += f"; across a leader_epoch change {_text(was, 'unknown')} -> {_text(is_, 'unknown')}"
-        found.add(i, "WRITE_TS_REGRESSION", regions[region[i]] if region[i] >= 0 else None, now, then, int(offset[p]),
+        found.add(i, "WRITE_TS_REGRESSION", region_of(i), now, then, int(offset[p]),
                   detail, key_at=i, previous_leader_epoch=was)
     # HEARTBEAT_GAP: applied time surely elapsed since the heartbeat before (its max to this one's min).
     applied_min = _int_column(s.table["applied_ts_min_ms"])[rows]
@@ -575,7 +579,7 @@ def _stream_anomalies(s: _Stream, rows: np.ndarray, heartbeat_gap_ms: int, clock
     gaps = np.where(known, applied_min[later] - np.where(known, applied_max[earlier], 0), 0)
     for j in np.flatnonzero(known & (gaps > heartbeat_gap_ms)):
         a, b, gap = earlier[j], later[j], int(gaps[j])
-        found.add(b, "HEARTBEAT_GAP", regions[region[b]] if region[b] >= 0 else None, gap, heartbeat_gap_ms,
+        found.add(b, "HEARTBEAT_GAP", region_of(b), gap, heartbeat_gap_ms,
                   int(offset[a]), f"at least {gap} ms of applied time since the heartbeat at offset {offset[a]} "
                   f"(bound {heartbeat_gap_ms} ms)")
     # CLOCK_UNCERTAINTY: a heartbeat's origin or applied interval wider than the bound.
@@ -592,7 +596,7 @@ def _stream_anomalies(s: _Stream, rows: np.ndarray, heartbeat_gap_ms: int, clock
         b = beats[j]
         widths = [None if w == _NONE else int(w) for w in (origin_width[j], applied_width[j])]
         observed = max(w for w in widths if w is not None and w > clock_uncertainty_ms)
-        found.add(b, "CLOCK_UNCERTAINTY", regions[region[b]] if region[b] >= 0 else None, observed,
+        found.add(b, "CLOCK_UNCERTAINTY", region_of(b), observed,
                   clock_uncertainty_ms, None, f"origin interval {_text(widths[0])} ms, applied interval "
                   f"{_text(widths[1])} ms (bound {clock_uncertainty_ms} ms)")
     return found
