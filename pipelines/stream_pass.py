@@ -344,9 +344,10 @@ def _stream_batches(table: pa.Table, schema: pa.Schema, bounds: AnomalyBounds):
     s = _Stream(table)
     rows = np.flatnonzero(s.is_row)
     seg = _segment_columns(s)
-    yield _stream_batch(s, rows, seg, schema)
+    batch = _stream_batch(s, rows, seg, schema)
+    yield batch
     if len(rows):
-        yield _summary_batch(s, rows, seg, schema)
+        yield _summary_batch(s, rows, seg, batch, schema)
     found = _stream_anomalies(s, rows, bounds.heartbeat_gap_ms, bounds.clock_uncertainty_ms)
     if found.columns["at"]:
         yield _anomaly_batch(s, rows, found, schema)
@@ -396,24 +397,28 @@ def _stream_batch(s: _Stream, rows: np.ndarray, seg: dict[str, np.ndarray], sche
     return pa.RecordBatch.from_arrays([out[f.name] for f in schema], schema=schema)
 
 
-def _summary_batch(s: _Stream, rows: np.ndarray, seg: dict[str, np.ndarray], schema: pa.Schema) -> pa.RecordBatch:
+def _summary_batch(
+    s: _Stream, rows: np.ndarray, seg: dict[str, np.ndarray], batch: pa.RecordBatch, schema: pa.Schema,
+) -> pa.RecordBatch:
     """One row per segment of the stream (``rows``: its rows' positions, in offset order; ``seg``: its
-    ``_segment_columns``): ``heartbeat_segment_summary``'s columns, the summary's own in ``segment_summary``.
+    ``_segment_columns``; ``batch``: its rows as ``_stream_batch`` gave them): ``heartbeat_segment_summary``'s columns,
+    the summary's own in ``segment_summary``.
 
     A segment's rows are consecutive; its opening columns and resolved timestamp are those of its
     first row (only a heartbeat, which opens a segment, changes them), its closing watermark is ``L``
     just after its last row, and its gap figures are those of its rows that follow a gap.
     """
-    table, count = s.table, len(rows)
+    count = len(rows)
     segment = seg["segment"][rows]
     first = np.flatnonzero(np.append(True, segment[1:] != segment[:-1]))  # each segment's first row, in ``rows``
     last = np.append(first[1:] - 1, count - 1)
-    at, closing = rows[first], rows[last]
-    kind = table["kind"].take(pa.array(rows)).combine_chunks()
+    kind = batch.column("kind")
 
-    def per_segment(mask: np.ndarray | pa.Array) -> pa.Array:
-        counted = mask if isinstance(mask, np.ndarray) else pc.fill_null(mask, False).to_numpy(zero_copy_only=False)
-        return pa.array(np.add.reduceat(counted.astype(np.int64), first), pa.int64())
+    def per_segment(mask: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(mask.astype(np.int64), first)
+
+    def of_rows(name: str, at: np.ndarray) -> pa.Array:  # the column of ``batch`` at ``at`` (null where -1)
+        return batch.column(name).take(pa.array(at, pa.int64(), mask=at < 0))
 
     gap_before = seg["gap_before"][rows]
     at_gap = gap_before > 0
@@ -421,41 +426,33 @@ def _summary_batch(s: _Stream, rows: np.ndarray, seg: dict[str, np.ndarray], sch
     first_gap = np.where((first_gap >= 0) & (first_gap <= last), first_gap, -1)
     last_gap = _last_index(at_gap)[last]
     last_gap = np.where(last_gap >= first, last_gap, -1)
-    opening = seg["opening"][at]
-    opened = opening >= 0
-    puts, deletes, beats = (per_segment(pc.equal(kind, k)) for k in ("PUT", "DELETE", "HEARTBEAT"))
+    counts = {k: per_segment(pc.fill_null(pc.equal(kind, k), False).to_numpy(zero_copy_only=False))
+              for k in ("PUT", "DELETE", "HEARTBEAT")}
     rows_in = np.diff(np.append(first, count))
+    opening = seg["opening"][rows[first]]
     fields = {
-        "first_offset": pa.array(s.offset[at], pa.int64()),
-        "last_offset": pa.array(s.offset[closing], pa.int64()),
+        "first_offset": of_rows("offset", first),
+        "last_offset": of_rows("offset", last),
         "rows": pa.array(rows_in, pa.int64()),
-        "puts": puts,
-        "deletes": deletes,
-        "heartbeats": beats,
-        "other_rows": pa.array(rows_in - puts.to_numpy() - deletes.to_numpy() - beats.to_numpy(), pa.int64()),
-        "first_kind": kind.take(pa.array(first)),
-        "opening_has_vector": pa.array(opened & (s.is_hb & s.hb_valid)[np.maximum(opening, 0)]),
-        "closing_watermark": _vectors(seg["applied"][closing], None, s.regions),
-        "gaps": per_segment(at_gap),
+        "puts": pa.array(counts["PUT"], pa.int64()),
+        "deletes": pa.array(counts["DELETE"], pa.int64()),
+        "heartbeats": pa.array(counts["HEARTBEAT"], pa.int64()),
+        "other_rows": pa.array(rows_in - counts["PUT"] - counts["DELETE"] - counts["HEARTBEAT"], pa.int64()),
+        "first_kind": of_rows("kind", first),
+        "opening_has_vector": pa.array((opening >= 0) & (s.is_hb & s.hb_valid)[np.maximum(opening, 0)]),
+        "closing_watermark": _vectors(seg["applied"][rows[last]], None, s.regions),
+        "gaps": pa.array(per_segment(at_gap), pa.int64()),
         "gap_positions": pa.array(np.add.reduceat(gap_before, first), pa.int64()),
-        "first_gap_offset": _nullable(_taken(seg["gap_start"][rows], first_gap)),
-        "last_gap_offset": _nullable(_taken(seg["gap_end"][rows], last_gap)),
-        "first_gap_lower_bound": _vectors(seg["applied_lower_bound"][rows[np.maximum(first_gap, 0)]], first_gap >= 0,
-                                          s.regions),
+        "first_gap_offset": of_rows("gap_start", first_gap),
+        "last_gap_offset": of_rows("gap_end", last_gap),
+        "first_gap_lower_bound": of_rows("applied_lower_bound", first_gap),
     }
-    n = len(first)
+    out = {name: pa.nulls(len(first), field.type) for name, field in zip(schema.names, schema)}
+    # The columns a segment shares with its first row: its stream, its number, its opening heartbeat's.
+    for name in (*PARTITION_KEYS, "segment", "opening_offset", "baseline_vector", "opening_applied_ts_min_ms",
+                 "opening_applied_ts_max_ms", "resolved_ts_ms"):
+        out[name] = of_rows(name, first)
     summary_type = schema.field(SUMMARY).type
-    out = {name: pa.nulls(n, field.type) for name, field in zip(schema.names, schema)}
-    for name in PARTITION_KEYS:
-        out[name] = table[name].take(pa.array(at)).combine_chunks()
-    out.update(
-        segment=pa.array(segment[first], pa.int64()),
-        opening_offset=_nullable(_taken(s.offset, opening)),
-        baseline_vector=_vectors(seg["contribution"][np.maximum(opening, 0)], opened, s.regions),
-        opening_applied_ts_min_ms=_nullable(_taken(_int_column(table["applied_ts_min_ms"]), opening)),
-        opening_applied_ts_max_ms=_nullable(_taken(_int_column(table["applied_ts_max_ms"]), opening)),
-        resolved_ts_ms=_nullable(seg["resolved_ts_ms"][at]),
-    )
     out[SUMMARY] = pa.StructArray.from_arrays([fields[f.name].cast(f.type) for f in summary_type],
                                               fields=list(summary_type))
     return pa.RecordBatch.from_arrays([out[f.name] for f in schema], schema=schema)
