@@ -588,6 +588,33 @@ def test_exact_duplicate_is_accepted_once_and_counted(messy):
     assert counts["rows_accepted"] - counts["rows_stored"] == 2
 
 
+
+def test_exporter_reports_of_one_partition_are_each_accepted_with_their_own_copies(spark):
+    # Bug caught: exporter reports, which have no offset, judged in one window per partition like the rows of one
+    # position: only the first report of the partition kept (the others dropped as if copies of it), or copies
+    # counted over every report of the partition instead of over the identical ones.
+    rows = [
+        exporter(), exporter(),  # one report delivered twice
+        exporter(exported_offset=9, reported_at_ms=6000),
+        exporter(exporter="cdc-2"),
+        put(1), put(1),  # one message delivered twice, at one position
+    ]
+    lines = spark.createDataFrame(
+        [(f"{i % 2}.jsonl", json.dumps(r)) for i, r in enumerate(rows)], "source_file string, raw string"
+    )
+    accepted, quarantined = validate_rows(lines, "s1")
+    got = sorted(
+        (a["kind"], a["exporter"], a["exported_offset"], a["offset"], a["copies"], a["source_file"])
+        for a in accepted.collect()
+    )
+    assert got == [
+        ("EXPORTER_POSITION", "cdc-1", 4, None, 2, "0.jsonl"),
+        ("EXPORTER_POSITION", "cdc-1", 9, None, 1, "0.jsonl"),
+        ("EXPORTER_POSITION", "cdc-2", 4, None, 1, "1.jsonl"),
+        ("PUT", None, None, 1, 2, "0.jsonl"),
+    ]
+    assert quarantined.count() == 0
+
 def test_accounting_by_reason_and_replica(messy):
     counts = messy["counts"]
     expected_reasons: dict[str, int] = {}

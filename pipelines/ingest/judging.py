@@ -435,10 +435,11 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     ``source_file`` the smallest file name among them.
 
     The accepted rows take one pass: parse and judge every line, one exchange by position
-    and one sort by position and content, on which two windows run: per position (does it
-    hold more than one distinct content?) and per distinct content (how many copies, which
-    file first). Nothing is kept in between: the text of a line is needed only for the
-    quarantine, which is usually empty and then costs nothing (``Judgement.quarantine``).
+    and one sort by position, content and file, on which one window per position runs: does
+    it hold more than one distinct content (then all its rows are quarantined), else how many
+    copies, and the first by file. Nothing is kept in between: the text of a line is needed
+    only for the quarantine, which is usually empty and then costs nothing
+    (``Judgement.quarantine``).
     """
     if "decoded_reason" not in lines.columns:
         lines = lines.withColumn("decoded_reason", F.lit(None).cast(T.StringType()))
@@ -485,22 +486,27 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     own_problems = Observation()
     conflicts = Observation()
 
-    # The position leads the content, so one sort by content and file serves both windows,
-    # and the exchange by position clusters each distinct content too. Maps take part as
-    # their sorted entries. The offset leads the sort, since the sort compares rows by a
-    # prefix of their first column first; snapshot_id, the same on every row, is left out.
+    # One window per position, ordered by content and file. Maps take part as their sorted entries. The offset
+    # leads the sort, since the sort compares rows by a prefix of their first column first; snapshot_id, the same
+    # on every row, is left out.
     position = ["offset", "replica", "topic", "partition"]
     # The content is compared by its value's token, not the value: windows copy what they compare (a value of
     # megabytes once per row of a position), and equal tokens are equal values.
     rest = ["value_hash" if n == "value" else n for n in content_names if n not in position and n != "snapshot_id"]
-    at_position = Window.partitionBy(*position).orderBy(*rest, "source_file").rowsBetween(
-        Window.unboundedPreceding, Window.unboundedFollowing
-    )
-    same_content = Window.partitionBy(*position, *rest).orderBy("source_file")
     content = F.struct(*[F.col(n) for n in rest])
+    # An EXPORTER_POSITION row has no offset: its reports of every content share (replica, topic, partition) and
+    # never conflict, so there each content is a window of its own (the column is null on every other row).
+    exporter_content = F.when(F.col("offset").isNull(), content)
+    by_position = Window.partitionBy(*position, exporter_content).orderBy(*rest, "source_file")
+    at_position = by_position.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
 
-    def at_positions(rows: DataFrame, carried: tuple[str, ...] = (), window: Window = at_position) -> DataFrame:
-        """Every row, with whether its window (a position's candidates) holds more than one content, and its rows."""
+    def at_positions(
+        rows: DataFrame, carried: tuple[str, ...] = (), window: Window = at_position, first_copy: bool = False,
+    ) -> DataFrame:
+        """Every row, with whether its window (a position's candidates) holds more than one content, and its rows.
+
+        ``first_copy``: with ``nth``, the row's rank in its window by content and file (1: the first copy).
+        """
         return rows.select(
             *content_names,
             "value_hash",
@@ -512,23 +518,21 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
                 & ~F.first(content).over(window).eqNullSafe(F.last(content).over(window))
             ).alias("conflicting"),
             F.count(F.lit(1)).over(window).alias("rows_at_position"),
+            *([F.row_number().over(by_position).alias("nth")] if first_copy else []),
         )
 
     observed = judged_rows(observed_lines, own_problems)
     # Every candidate's line bucket goes through the exchange (8 bytes a row), for the bitmap of the conflicting
-    # rows' lines; observed before the copies are collapsed, so that every conflicting line is in it.
+    # rows' lines; observed before the copies are collapsed, so that every conflicting line is in it. A position
+    # that does not conflict holds one content: its rows are that content's copies, and its first row (by file)
+    # is the one accepted. The rows of a conflicting position are all quarantined.
     compared = (
-        at_positions(observed.where(candidate), ("line_bucket",))
-        .select(
-            "*",
-            F.row_number().over(same_content.rowsBetween(Window.unboundedPreceding, Window.currentRow)).alias("nth"),
-            F.count(F.lit(1)).over(same_content.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing))
-            .alias("copies"),
-        )
+        at_positions(observed.where(candidate), ("line_bucket",), first_copy=True)
         .observe(
             conflicts, F.count_if(F.col("conflicting")).alias("rows"), _bucket_bitmap(F.col("conflicting")).alias("lines")
         )
         .where(F.col("nth") == 1)
+        .withColumnRenamed("rows_at_position", "copies")
     )
     accepted_struct = RawTopicSnapshots.to_structtype()
     # The first copy in file order carries the smallest file name.
