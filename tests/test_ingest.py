@@ -588,7 +588,6 @@ def test_exact_duplicate_is_accepted_once_and_counted(messy):
     assert counts["rows_accepted"] - counts["rows_stored"] == 2
 
 
-
 def test_exporter_reports_of_one_partition_are_each_accepted_with_their_own_copies(spark):
     # Bug caught: exporter reports, which have no offset, judged in one window per partition like the rows of one
     # position: only the first report of the partition kept (the others dropped as if copies of it), or copies
@@ -614,6 +613,7 @@ def test_exporter_reports_of_one_partition_are_each_accepted_with_their_own_copi
         ("PUT", None, None, 1, 2, "0.jsonl"),
     ]
     assert quarantined.count() == 0
+
 
 def test_accounting_by_reason_and_replica(messy):
     counts = messy["counts"]

@@ -505,7 +505,8 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
     ) -> DataFrame:
         """Every row, with whether its window (a position's candidates) holds more than one content, and its rows.
 
-        ``first_copy``: with ``nth``, the row's rank in its window by content and file (1: the first copy).
+        ``first_copy``: with ``nth``, the row's rank among its position's rows (``by_position``) by content and
+        file (1: the first copy).
         """
         return rows.select(
             *content_names,
