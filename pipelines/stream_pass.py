@@ -502,13 +502,13 @@ def _stream_anomalies(s: _Stream, rows: np.ndarray, heartbeat_gap_ms: int, clock
     """
     found = _Found()
     regions = s.regions.to_pylist()
+    offset = s.offset[rows]
+    is_hb, is_data = s.is_hb[rows], s.is_data[rows]
+    region, source = s.region[rows], s.source_offset[rows]
 
     def region_of(i: int) -> str | None:  # the source region of the row at ``i`` (among ``rows``), if it names one
         return regions[region[i]] if region[i] >= 0 else None
 
-    offset = s.offset[rows]
-    is_hb, is_data = s.is_hb[rows], s.is_data[rows]
-    region, source = s.region[rows], s.source_offset[rows]
     # HEARTBEAT_REGRESSION: each component of a heartbeat against the highest earlier heartbeat's, per component.
     beats = np.flatnonzero(is_hb)
     claimed = np.where((s.hb_valid[rows][beats])[:, None], s.hb[rows[beats]], s.single(s.is_hb)[rows[beats]])
