@@ -161,3 +161,41 @@ def test_the_summary_names_stream_anomalies_by_kind_and_ends_no_line_with_a_blan
     found = SnapshotAudit("s1", True, "run-0001", {"stream_anomalies": {"dagster/row_count": 2, "by_anomaly": "REWIND 2"}})
     assert "  stream anomalies: 2 REWIND 2" in summary_lines(found)
     assert not any(line.endswith(" ") for line in summary_lines(clean) + summary_lines(found))
+
+
+# A child process: the audit command's handler replaced by one that prints (block-buffered: stdout is a pipe),
+# registers an exit handler, and returns DIVERGENCE's code; the command then ends as ``run`` ends it.
+_ENDING_CHILD = """
+import atexit, sys
+import replica_lens.cli as cli
+
+def audit(args):
+    print("audit output", flush=False)
+    atexit.register(lambda: print("exit handler ran", file=sys.stderr))
+    return cli.EXIT_DIVERGENCE
+
+cli._audit = audit
+cli.run(["audit", "--landing", "landing", "--warehouse", "warehouse"])
+"""
+
+
+def test_the_command_ends_an_audit_at_once_with_its_output_its_exit_handlers_and_its_code():
+    # Catches: the audit's ending losing what is still buffered on stdout, its exit code, or the exit handlers
+    # (PySpark's stops the JVM) once the interpreter's teardown is skipped; and ``main``, which tests and scripts
+    # call in their own process, ending that process instead of returning the code.
+    import os
+    import subprocess
+    import sys
+
+    from replica_lens.cli import EXIT_DIVERGENCE
+
+    # Buffered, as a user's pipe is (some environments set PYTHONUNBUFFERED).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run([sys.executable, "-c", _ENDING_CHILD], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == EXIT_DIVERGENCE, done.stderr
+    assert done.stdout == "audit output\n"
+    assert done.stderr.strip().endswith("exit handler ran"), done.stderr
+    # Through main (tests, scripts): the code is returned, the process is not ended.
+    returned = _ENDING_CHILD.replace("cli.run(", "print('returned', cli.main(").replace('"warehouse"])', '"warehouse"]))')
+    done = subprocess.run([sys.executable, "-c", returned], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0 and done.stdout == f"audit output\nreturned {EXIT_DIVERGENCE}\n", done
