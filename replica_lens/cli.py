@@ -445,8 +445,8 @@ def run(argv: Optional[Sequence[str]] = None) -> None:
     After an audit the process ends without tearing the interpreter down. Its work is done by
     then: tables committed, files written and closed, the Dagster instance disposed of. The exit
     handlers still run (PySpark's stops the JVM); what is skipped is Python clearing every module
-    and object of Dagster and PySpark one by one, each JVM object's finalizer calling a JVM that is
-    gone: 0.6 s of a 16 s audit of a small snapshot, for nothing (docs/performance.md).
+    and object of Dagster and PySpark one by one: 0.6 s of a 16 s audit of a small snapshot, for
+    nothing (docs/performance.md).
     """
     args = build_parser().parse_args(argv)
     code = _dispatch(args)

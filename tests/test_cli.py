@@ -1,10 +1,14 @@
-"""The command line's error contract: a usage error in one line (exit 2), a bug reported as a bug (exit 70)."""
+"""The command line's contract: a usage error in one line (exit 2), a bug reported as a bug (exit 70), an audit ending."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
 import replica_lens.simulator as simulator
-from replica_lens.cli import EXIT_INTERNAL, EXIT_USAGE, main
+from replica_lens.cli import EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_USAGE, main
 
 
 def test_a_setting_out_of_range_is_a_usage_error_in_one_line(tmp_path, capsys):
@@ -183,12 +187,6 @@ def test_the_command_ends_an_audit_at_once_with_its_output_its_exit_handlers_and
     # Catches: the audit's ending losing what is still buffered on stdout, its exit code, or the exit handlers
     # (PySpark's stops the JVM) once the interpreter's teardown is skipped; and ``main``, which tests and scripts
     # call in their own process, ending that process instead of returning the code.
-    import os
-    import subprocess
-    import sys
-
-    from replica_lens.cli import EXIT_DIVERGENCE
-
     # Buffered, as a user's pipe is (some environments set PYTHONUNBUFFERED).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     done = subprocess.run([sys.executable, "-c", _ENDING_CHILD], capture_output=True, text=True, timeout=120, env=env)
