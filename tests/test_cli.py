@@ -168,7 +168,7 @@ def test_the_summary_names_stream_anomalies_by_kind_and_ends_no_line_with_a_blan
 
 
 # A child process: the audit command's handler replaced by one that prints (block-buffered: stdout is a pipe),
-# registers an exit handler, and returns DIVERGENCE's code; the command then ends as ``run`` ends it.
+# registers an exit handler, and returns DIVERGENCE's code; the command then ends as ``ending`` ends it.
 _ENDING_CHILD = """
 import atexit, sys
 import replica_lens.cli as cli
@@ -179,7 +179,8 @@ def audit(args):
     return cli.EXIT_DIVERGENCE
 
 cli._audit = audit
-cli.run(["audit", "--landing", "landing", "--warehouse", "warehouse"])
+argv = ["audit", "--landing", "landing", "--warehouse", "warehouse"]
+{ending}
 """
 
 
@@ -189,11 +190,12 @@ def test_the_command_ends_an_audit_at_once_with_its_output_its_exit_handlers_and
     # call in their own process, ending that process instead of returning the code.
     # Buffered, as a user's pipe is (some environments set PYTHONUNBUFFERED).
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    done = subprocess.run([sys.executable, "-c", _ENDING_CHILD], capture_output=True, text=True, timeout=120, env=env)
+    child = _ENDING_CHILD.format(ending="cli.run(argv)")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == EXIT_DIVERGENCE, done.stderr
     assert done.stdout == "audit output\n"
     assert done.stderr.strip().endswith("exit handler ran"), done.stderr
     # Through main (tests, scripts): the code is returned, the process is not ended.
-    returned = _ENDING_CHILD.replace("cli.run(", "print('returned', cli.main(").replace('"warehouse"])', '"warehouse"]))')
-    done = subprocess.run([sys.executable, "-c", returned], capture_output=True, text=True, timeout=120, env=env)
+    child = _ENDING_CHILD.format(ending="print('returned', cli.main(argv))")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0 and done.stdout == f"audit output\nreturned {EXIT_DIVERGENCE}\n", done
