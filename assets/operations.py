@@ -9,7 +9,8 @@ from pyspark.sql import functions as F
 from assets.partitions import snapshot_partitions
 from assets.previews import compaction_holdbacks, lag_trends, lagging_rows, worst_lag, worst_lagging
 from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
-from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
+from pipelines.exporters import compaction_bounds, exporter_inputs, exporter_positions, exporter_regressions
+from pipelines.frames import computed_once
 from pipelines.lag import heartbeat_lag, lag_summary
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
@@ -92,9 +93,11 @@ def exporter_tables(context: dg.AssetExecutionContext, spark: SparkResource, sto
     with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
         raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
-        tables.stage(exporter_positions(raw), "exporter_positions")
-        tables.stage(exporter_regressions(raw), "exporter_regressions")
-        tables.stage(compaction_bounds(raw, tables.frame("exporter_positions")), "compaction_bounds")
+        # Two passes over the raw rows, each computed once and kept; the three tables are made of them.
+        inputs = exporter_inputs(raw, once=computed_once)
+        tables.stage(exporter_positions(inputs), "exporter_positions")
+        tables.stage(exporter_regressions(inputs), "exporter_regressions")
+        tables.stage(compaction_bounds(inputs), "compaction_bounds")
         preview = compaction_holdbacks(tables.frame("compaction_bounds"))
         tables.add_metadata("compaction_bounds", {"holding_back_compaction": dg.MetadataValue.md(preview)})
         yield from tables.publish()

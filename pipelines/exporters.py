@@ -21,8 +21,19 @@ audited. After a fail-over the new leader re-exports from the lowest exporter po
 the rows between the lowest and highest positions are exported again (exporters must be
 idempotent). The exposure counts them among the rows read, so for a dump that starts
 after the lowest position it is a lower bound.
+
+How: the three tables read the raw rows twice, whatever their size. ``exporter_inputs`` takes
+the few rows they look at one by one (every report and every version-topic heartbeat, a few
+columns: ``report_and_heartbeat_rows``), then, with the exporters' ranges those reports give,
+one aggregation per replica topic partition of every version-topic row (``partition_reads``:
+the highest offset read and the rows inside the range). Everything else is computed from those
+two small frames; ``once`` (``pipelines.frames.computed_once`` in the asset) keeps each from
+being computed again by the next table's job.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
@@ -34,20 +45,34 @@ from schemas.raw import DATA_KINDS
 
 PARTITION_KEYS = ("snapshot_id", "replica", "topic", "partition")
 EXPORTER_KEYS = (*PARTITION_KEYS, "exporter")
+# The columns of a report or a heartbeat the exporter tables read.
+NARROW_COLUMNS = (*PARTITION_KEYS, "kind", "offset", "applied_ts_max_ms", "exporter", "exported_offset", "reported_at_ms")
 
 
 def _version_topic(raw: DataFrame) -> DataFrame:
     return raw.where(F.col("offset").isNotNull() & (F.col("kind") != "EXPORTER_POSITION"))
 
 
-def _report_history(raw: DataFrame) -> DataFrame:
+def report_and_heartbeat_rows(raw: DataFrame) -> DataFrame:
+    """Every EXPORTER_POSITION report and every version-topic HEARTBEAT of ``raw``, narrow: one scan of the rows."""
+    kind = F.col("kind")
+    wanted = (kind == "EXPORTER_POSITION") | ((kind == "HEARTBEAT") & F.col("offset").isNotNull())
+    return raw.where(wanted).select(*NARROW_COLUMNS)
+
+
+def _reports(rows: DataFrame) -> DataFrame:
+    return rows.where(F.col("kind") == "EXPORTER_POSITION").select(*EXPORTER_KEYS, "exported_offset", "reported_at_ms")
+
+
+def _heartbeats(rows: DataFrame) -> DataFrame:
+    return rows.where(F.col("kind") == "HEARTBEAT")
+
+
+def _report_history(rows: DataFrame) -> DataFrame:
     """Every exporter report with the report before it and the highest earlier position."""
-    reports = raw.where(F.col("kind") == "EXPORTER_POSITION").select(
-        *EXPORTER_KEYS, "exported_offset", "reported_at_ms"
-    )
     history = Window.partitionBy(*EXPORTER_KEYS).orderBy("reported_at_ms", "exported_offset")
     return (
-        reports.withColumn(
+        _reports(rows).withColumn(
             "max_earlier_exported_offset",
             F.max("exported_offset").over(history.rowsBetween(Window.unboundedPreceding, -1)),
         )
@@ -62,9 +87,72 @@ def _report_history(raw: DataFrame) -> DataFrame:
     )
 
 
-def exporter_regressions(raw: DataFrame) -> DataFrame:
+def _per_exporter(rows: DataFrame) -> DataFrame:
+    """Per exporter: its reports, the highest position it reported, its regressions and its latest report."""
+    return (
+        _report_history(rows)
+        .groupBy(*EXPORTER_KEYS)
+        .agg(
+            F.count(F.lit(1)).alias("reports"),
+            F.max("exported_offset").alias("max_exported_offset_seen"),
+            F.sum(F.col("is_regression").cast(T.LongType())).alias("regressions"),
+            F.max(F.struct(F.col("reported_at_ms"), F.col("exported_offset"))).alias("latest"),
+        )
+        .select(
+            *EXPORTER_KEYS,
+            "reports",
+            "max_exported_offset_seen",
+            "regressions",
+            F.col("latest.reported_at_ms").alias("reported_at_ms"),
+            F.col("latest.exported_offset").alias("exported_offset"),
+        )
+    )
+
+
+def partition_reads(raw: DataFrame, latest: DataFrame) -> DataFrame:
+    """Per replica topic partition with version-topic rows: the highest offset read, and the rows (and data rows)
+    inside the exporters' range ``(lowest, highest]`` of their latest positions (``latest``: one row per exporter).
+
+    One scan of ``raw``: the ranges (one small row per partition) are broadcast to every row, one aggregation counts.
+    """
+    ranges = latest.groupBy(*PARTITION_KEYS).agg(
+        F.min("exported_offset").alias("low"), F.max("exported_offset").alias("high")
+    )
+    in_range = (F.col("offset") > F.col("low")) & (F.col("offset") <= F.col("high"))
+    return (
+        _version_topic(raw)
+        .join(F.broadcast(ranges), on=list(PARTITION_KEYS), how="left")
+        .groupBy(*PARTITION_KEYS)
+        .agg(
+            F.max("offset").alias("processed_offset"),
+            F.sum(F.when(in_range, 1).otherwise(0)).alias("reexport_exposure_rows"),
+            F.sum(F.when(in_range & F.col("kind").isin(*DATA_KINDS), 1).otherwise(0)).alias(
+                "reexport_exposure_data_rows"
+            ),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class ExporterInputs:
+    """What the exporter tables read of the raw rows: ``rows`` (``report_and_heartbeat_rows``), ``latest`` (one row
+    per exporter, ``_per_exporter``) and ``reads`` (``partition_reads``)."""
+
+    rows: DataFrame
+    latest: DataFrame
+    reads: DataFrame
+
+
+def exporter_inputs(raw: DataFrame, once: Callable[[DataFrame], DataFrame] = lambda df: df) -> ExporterInputs:
+    """The two passes over ``raw`` the exporter tables need, each made by ``once`` (e.g. computed and kept)."""
+    rows = once(report_and_heartbeat_rows(raw))
+    latest = _per_exporter(rows)
+    return ExporterInputs(rows=rows, latest=latest, reads=once(partition_reads(raw, latest)))
+
+
+def exporter_regressions(inputs: ExporterInputs) -> DataFrame:
     """One row per exporter report below an earlier report of the same exporter and partition."""
-    found = _report_history(raw).where(F.col("is_regression"))
+    found = _report_history(inputs.rows).where(F.col("is_regression"))
     return conform(
         found,
         ExporterRegressions.to_structtype(),
@@ -75,7 +163,7 @@ def exporter_regressions(raw: DataFrame) -> DataFrame:
     )
 
 
-def _first_heartbeat_at_or_after(vt: DataFrame, latest: DataFrame) -> DataFrame:
+def _first_heartbeat_at_or_after(rows: DataFrame, latest: DataFrame) -> DataFrame:
     """For each latest report, the first heartbeat at or after its exported offset.
 
     The reports are merged into the heartbeat stream at their exported offsets; walking
@@ -83,7 +171,7 @@ def _first_heartbeat_at_or_after(vt: DataFrame, latest: DataFrame) -> DataFrame:
     the first at or after its offset. A heartbeat at exactly the exported offset sorts
     ahead of the report, so it counts.
     """
-    heartbeats = vt.where(F.col("kind") == "HEARTBEAT").select(
+    heartbeats = _heartbeats(rows).select(
         *PARTITION_KEYS,
         F.col("offset").alias("position"),
         F.lit(0).alias("rank"),
@@ -110,47 +198,19 @@ def _first_heartbeat_at_or_after(vt: DataFrame, latest: DataFrame) -> DataFrame:
     )
 
 
-def exporter_positions(raw: DataFrame) -> DataFrame:
+def exporter_positions(inputs: ExporterInputs) -> DataFrame:
     """Latest report per (snapshot, replica, topic, partition, exporter) with its lag in positions and time."""
-    per_exporter = (
-        _report_history(raw)
-        .groupBy(*EXPORTER_KEYS)
-        .agg(
-            F.count(F.lit(1)).alias("reports"),
-            F.max("exported_offset").alias("max_exported_offset_seen"),
-            F.sum(F.col("is_regression").cast(T.LongType())).alias("regressions"),
-            F.max(F.struct(F.col("reported_at_ms"), F.col("exported_offset"))).alias("latest"),
-        )
-        .select(
-            *EXPORTER_KEYS,
-            "reports",
-            "max_exported_offset_seen",
-            "regressions",
-            F.col("latest.reported_at_ms").alias("reported_at_ms"),
-            F.col("latest.exported_offset").alias("exported_offset"),
-        )
-    )
-    vt = _version_topic(raw)
     # Fixed-width aggregates only (a hash aggregation): a max of structs would sort every row.
     # max_by skips rows whose ordering value is null, so only heartbeats compete.
-    heartbeat_offset = F.when(F.col("kind") == "HEARTBEAT", F.col("offset"))
-    partitions = vt.groupBy(*PARTITION_KEYS).agg(
-        F.max("offset").alias("last_offset"),
-        F.max(heartbeat_offset).alias("last_heartbeat_offset"),
-        F.max_by("applied_ts_max_ms", heartbeat_offset).alias("last_heartbeat_applied_ts_max_ms"),
-    ).select(
-        *PARTITION_KEYS,
-        "last_offset",
-        F.when(
-            F.col("last_heartbeat_offset").isNotNull(),
-            F.struct(
-                F.col("last_heartbeat_offset").alias("offset"),
-                F.col("last_heartbeat_applied_ts_max_ms").alias("applied_ts_max_ms"),
-            ),
-        ).alias("last_heartbeat"),
-    )
-    joined = per_exporter.join(partitions, on=list(PARTITION_KEYS), how="left").join(
-        _first_heartbeat_at_or_after(vt, per_exporter), on=list(EXPORTER_KEYS), how="left"
+    last_heartbeat = _heartbeats(inputs.rows).groupBy(*PARTITION_KEYS).agg(
+        F.max("offset").alias("offset"), F.max_by("applied_ts_max_ms", "offset").alias("applied_ts_max_ms"),
+    ).select(*PARTITION_KEYS, F.struct("offset", "applied_ts_max_ms").alias("last_heartbeat"))
+    joined = (
+        inputs.latest
+        .join(inputs.reads.select(*PARTITION_KEYS, F.col("processed_offset").alias("last_offset")),
+              on=list(PARTITION_KEYS), how="left")
+        .join(last_heartbeat, on=list(PARTITION_KEYS), how="left")
+        .join(_first_heartbeat_at_or_after(inputs.rows, inputs.latest), on=list(EXPORTER_KEYS), how="left")
     )
     return conform(
         joined,
@@ -164,37 +224,14 @@ def exporter_positions(raw: DataFrame) -> DataFrame:
     )
 
 
-def compaction_bounds(raw: DataFrame, positions: DataFrame) -> DataFrame:
-    """Per replica topic partition: compaction bound and re-export exposure after a fail-over.
-
-    ``positions`` is the exporter_positions table (the latest report of each exporter).
-    """
-    by_exporters = positions.groupBy(*PARTITION_KEYS).agg(
+def compaction_bounds(inputs: ExporterInputs) -> DataFrame:
+    """Per replica topic partition: compaction bound and re-export exposure after a fail-over."""
+    by_exporters = inputs.latest.groupBy(*PARTITION_KEYS).agg(
         F.count(F.lit(1)).alias("exporters"),
         F.min(F.struct(F.col("exported_offset"), F.col("exporter"))).alias("lowest"),
         F.max("exported_offset").alias("max_exported_offset"),
     )
-    ranges = by_exporters.select(
-        *PARTITION_KEYS,
-        F.col("lowest.exported_offset").alias("low"),
-        F.col("max_exported_offset").alias("high"),
-    )
-    # The per-partition exporter range is one small row per partition: an equi-join puts
-    # it on every row read, and one aggregation counts the rows inside it.
-    in_range = (F.col("offset") > F.col("low")) & (F.col("offset") <= F.col("high"))
-    read = (
-        _version_topic(raw)
-        .join(ranges, on=list(PARTITION_KEYS), how="left")
-        .groupBy(*PARTITION_KEYS)
-        .agg(
-            F.max("offset").alias("processed_offset"),
-            F.sum(F.when(in_range, 1).otherwise(0)).alias("reexport_exposure_rows"),
-            F.sum(F.when(in_range & F.col("kind").isin(*DATA_KINDS), 1).otherwise(0)).alias(
-                "reexport_exposure_data_rows"
-            ),
-        )
-    )
-    joined = read.join(by_exporters, on=list(PARTITION_KEYS), how="full")
+    joined = inputs.reads.join(by_exporters, on=list(PARTITION_KEYS), how="full")
     low = F.col("lowest.exported_offset")
     processed = F.col("processed_offset")
     return conform(

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import functions as F
 
-from pipelines.exporters import compaction_bounds, exporter_positions, exporter_regressions
+from pipelines.exporters import compaction_bounds, exporter_inputs, exporter_positions, exporter_regressions
+from pipelines.frames import computed_once
 from schemas.operations import CompactionBounds, ExporterPositions, ExporterRegressions
 from schemas.validation import validation_errors
 from tests.rows import raw_frame
@@ -60,11 +61,12 @@ ROWS = (
 @pytest.fixture(scope="module")
 def tables(spark):
     raw = frame(spark, ROWS).cache()
-    positions = exporter_positions(raw).cache()
-    bounds = compaction_bounds(raw, positions)
+    inputs = exporter_inputs(raw)
+    positions = exporter_positions(inputs).cache()
+    bounds = compaction_bounds(inputs)
     yield {
         "positions": positions,
-        "regressions": exporter_regressions(raw),
+        "regressions": exporter_regressions(inputs),
         "bounds": bounds,
         "positions_by": {(r["replica"], r["partition"], r["exporter"]): r for r in positions.collect()},
         "bounds_by": {(r["replica"], r["partition"]): r for r in bounds.collect()},
@@ -155,3 +157,25 @@ def test_models_pass_and_fail(tables, table, model, column, broken):
     assert validation_errors(model, df) == []
     bad = df.withColumn(column, F.lit(broken).cast(df.schema[column].dataType))
     assert any(e.column == column for e in validation_errors(model, bad))
+
+
+def test_the_tables_read_the_raw_rows_in_two_passes_only(spark, tmp_path):
+    """Catches a table planned on the raw rows again: a third pass over every row of a snapshot."""
+    path = str(tmp_path / "raw")
+    frame(spark, ROWS).write.parquet(path)
+    raw = spark.read.parquet(path)
+    passes = []
+
+    def once(df):
+        passes.append(df)
+        return computed_once(df)
+
+    inputs = exporter_inputs(raw, once=once)
+    assert len(passes) == 2
+    for table in (exporter_positions(inputs), exporter_regressions(inputs), compaction_bounds(inputs)):
+        plan = table._jdf.queryExecution().optimizedPlan().toString()  # noqa: SLF001 - the plan Spark runs
+        assert path not in plan, plan
+    # The same rows as without keeping the passes.
+    plain = exporter_inputs(raw)
+    for build in (exporter_positions, exporter_regressions, compaction_bounds):
+        assert sorted(build(inputs).collect()) == sorted(build(plain).collect())

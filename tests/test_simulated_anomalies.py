@@ -6,7 +6,7 @@ import json
 import pytest
 
 from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
-from pipelines.exporters import exporter_regressions
+from pipelines.exporters import exporter_inputs, exporter_regressions
 from pipelines.ingest import read_snapshot_lines, validate_rows
 from replica_lens.simulator import SimulationConfig, simulate
 
@@ -37,7 +37,7 @@ def _audit_streams(spark, tmp_path, **knobs):
     }
     regressions = {
         (r["exporter"], r["replica"], r["topic"], r["partition"], r["exported_offset"])
-        for r in exporter_regressions(accepted).collect()
+        for r in exporter_regressions(exporter_inputs(accepted)).collect()
     }
     return truth, found, regressions
 
