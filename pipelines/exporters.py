@@ -109,14 +109,24 @@ def _per_exporter(rows: DataFrame) -> DataFrame:
     )
 
 
+def _exporter_ranges(latest: DataFrame) -> DataFrame:
+    """Per replica topic partition with exporters: how many, the lowest latest position (with its exporter) and the
+    highest (``latest``: one row per exporter)."""
+    return latest.groupBy(*PARTITION_KEYS).agg(
+        F.count(F.lit(1)).alias("exporters"),
+        F.min(F.struct(F.col("exported_offset"), F.col("exporter"))).alias("lowest"),
+        F.max("exported_offset").alias("max_exported_offset"),
+    )
+
+
 def partition_reads(raw: DataFrame, latest: DataFrame) -> DataFrame:
     """Per replica topic partition with version-topic rows: the highest offset read, and the rows (and data rows)
     inside the exporters' range ``(lowest, highest]`` of their latest positions (``latest``: one row per exporter).
 
     One scan of ``raw``: the ranges (one small row per partition) are broadcast to every row, one aggregation counts.
     """
-    ranges = latest.groupBy(*PARTITION_KEYS).agg(
-        F.min("exported_offset").alias("low"), F.max("exported_offset").alias("high")
+    ranges = _exporter_ranges(latest).select(
+        *PARTITION_KEYS, F.col("lowest.exported_offset").alias("low"), F.col("max_exported_offset").alias("high")
     )
     in_range = (F.col("offset") > F.col("low")) & (F.col("offset") <= F.col("high"))
     return (
@@ -200,8 +210,7 @@ def _first_heartbeat_at_or_after(rows: DataFrame, latest: DataFrame) -> DataFram
 
 def exporter_positions(inputs: ExporterInputs) -> DataFrame:
     """Latest report per (snapshot, replica, topic, partition, exporter) with its lag in positions and time."""
-    # Fixed-width aggregates only (a hash aggregation): a max of structs would sort every row.
-    # max_by skips rows whose ordering value is null, so only heartbeats compete.
+    # The partition's last heartbeat, from the heartbeats alone (the version-topic rows' highest offset is in reads).
     last_heartbeat = _heartbeats(inputs.rows).groupBy(*PARTITION_KEYS).agg(
         F.max("offset").alias("offset"), F.max_by("applied_ts_max_ms", "offset").alias("applied_ts_max_ms"),
     ).select(*PARTITION_KEYS, F.struct("offset", "applied_ts_max_ms").alias("last_heartbeat"))
@@ -226,12 +235,7 @@ def exporter_positions(inputs: ExporterInputs) -> DataFrame:
 
 def compaction_bounds(inputs: ExporterInputs) -> DataFrame:
     """Per replica topic partition: compaction bound and re-export exposure after a fail-over."""
-    by_exporters = inputs.latest.groupBy(*PARTITION_KEYS).agg(
-        F.count(F.lit(1)).alias("exporters"),
-        F.min(F.struct(F.col("exported_offset"), F.col("exporter"))).alias("lowest"),
-        F.max("exported_offset").alias("max_exported_offset"),
-    )
-    joined = inputs.reads.join(by_exporters, on=list(PARTITION_KEYS), how="full")
+    joined = inputs.reads.join(_exporter_ranges(inputs.latest), on=list(PARTITION_KEYS), how="full")
     low = F.col("lowest.exported_offset")
     processed = F.col("processed_offset")
     return conform(
