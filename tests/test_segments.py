@@ -1,11 +1,13 @@
 """Heartbeat segments (SPEC section 2): segment numbers, baselines, L, resolved timestamps, summaries."""
 from __future__ import annotations
 
+import random
+
 import pytest
 from pyspark.sql import functions as F
 
 from pipelines.segments import annotate_segments, summarize_segments
-from pipelines.vectors import region_universe
+from pipelines.vectors import region_universe, vector_max
 from pipelines.watermarks import reconstruct_watermarks
 from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
 from schemas.validation import validation_errors
@@ -138,6 +140,26 @@ def test_the_region_universe_holds_every_source_region_and_every_vector_key_once
     assert region_universe(frame, region_columns=["source_region"], vector_columns=["hb_vector"]) == ["dc-a", "dc-b", "dc-z"]
     assert region_universe(frame, vector_columns=["hb_vector"]) == ["dc-a", "dc-z"]
     assert region_universe(frame) == []
+
+
+@pytest.mark.parametrize("evaluation", ["interpreted", "compiled"])
+def test_vector_max_is_componentwise_and_a_null_side_counts_as_empty(spark, request, evaluation):
+    # Bug caught: a null side answered null instead of the other side (or of {} when both are null), a key of one
+    # side lost, the smaller of two components kept, or the two evaluation modes disagreeing on the shortcut that
+    # skips the merge when a side is null.
+    session = spark if evaluation == "interpreted" else request.getfixturevalue("compiled_by_default")
+    rng = random.Random(7)
+
+    def vector():
+        return None if rng.random() < 0.2 else {r: rng.randrange(5) for r in ("dc-a", "dc-b", "dc-c") if rng.random() < 0.6}
+
+    pairs = [({"dc-a": 1, "dc-b": 5}, {"dc-b": 2, "dc-c": 0}), (None, {"dc-a": 3}), ({"dc-a": 3}, None), (None, None),
+             ({}, {}), ({}, None), *[(vector(), vector()) for _ in range(200)]]
+    frame = session.createDataFrame(list(enumerate(pairs)), "i int, pair struct<a: map<string,bigint>, b: map<string,bigint>>")
+    got = {r["i"]: r["m"] for r in frame.select("i", vector_max(F.col("pair.a"), F.col("pair.b")).alias("m")).collect()}
+    for i, (a, b) in enumerate(pairs):
+        a, b = a or {}, b or {}
+        assert got[i] == {r: max(a.get(r, -1), b.get(r, -1)) for r in {*a, *b}}, (i, a, b)
 
 
 def test_no_stage_after_the_ingestion_reads_a_value(spark, tmp_path):
