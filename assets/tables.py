@@ -26,6 +26,7 @@ import dagster as dg
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
 from resources.delta_store import DeltaStore, StagedWrite, WriteResult
+from resources.staged_files import ArrowStage
 from schemas.registry import model_for, required_columns, struct_for
 from schemas.validation import SchemaViolation, TableValidation, dagster_table_schema
 
@@ -141,6 +142,7 @@ class StepTables:
         # How Spark evaluated the step (``SparkResource.sized_for``), shown on each table's materialization.
         self.evaluation = evaluation
         self._staged: dict[str, _Staged] = {}
+        self._pending: dict[str, ArrowStage] = {}  # filled by a pass, not yet staged
 
     def stage(
         self, df: DataFrame, table: str, extra_metadata: dict[str, Any] | None = None,
@@ -152,6 +154,36 @@ class StepTables:
         region universe the step goes on with), computed by that job too, with no read-back of the
         staged files; ``observed(table)`` returns them by name, as Spark computed them.
         """
+        return self._checked(
+            table, lambda aggregates: self.store.stage(self.spark, df, table, self.snapshot_id, struct_for(table),
+                                                       observe=aggregates),
+            extra_metadata, observe,
+        )
+
+    def arrow_stage(self, table: str) -> ArrowStage:
+        """A staged write of ``table`` that a pass fills with Arrow batches where it makes them (``stage_arrow`` then).
+
+        Discarded with the step's other staged tables if the step does not publish.
+        """
+        stage = self.store.arrow_stage(table, self.snapshot_id, struct_for(table))
+        self._pending[table] = stage
+        return stage
+
+    def stage_arrow(
+        self, stage: ArrowStage, extra_metadata: dict[str, Any] | None = None, observe: dict[str, Column] | None = None,
+    ) -> StagedWrite:
+        """``stage``'s files, written: validated like ``stage``'s, by one query over the staged files."""
+        self._pending.pop(stage.table, None)
+        return self._checked(
+            stage.table, lambda aggregates: self.store.stage_arrow(self.spark, stage, struct_for(stage.table), aggregates),
+            extra_metadata, observe,
+        )
+
+    def _checked(
+        self, table: str, staging: Callable[[list[Column]], StagedWrite], extra_metadata: dict[str, Any] | None,
+        observe: dict[str, Column] | None,
+    ) -> StagedWrite:
+        """Stage ``table`` by ``staging`` (given the aggregates to compute) and judge its schema rules' counts."""
         struct = struct_for(table)
         validation = TableValidation(model_for(table))
         started = time.perf_counter()
@@ -159,7 +191,7 @@ class StepTables:
             validation.aggregates(struct)
             + [c.alias(f"{OBSERVED_PREFIX}{n}") for n, c in (observe or {}).items()]
         )
-        staged = self.store.stage(self.spark, df, table, self.snapshot_id, struct, observe=aggregates)
+        staged = staging(aggregates)
         self._staged[table] = _Staged(
             staged=staged,
             violations=validation.violations(struct, staged.metrics),
@@ -199,6 +231,9 @@ class StepTables:
         for entry in self._staged.values():
             self.store.discard(entry.staged)
         self._staged.clear()
+        for stage in self._pending.values():
+            self.store.discard_arrow_stage(stage)
+        self._pending.clear()
 
     def publish(self, after_commit: dict[str, Callable[[], dict[str, Any]]] | None = None) -> Iterator[dg.MaterializeResult]:
         """Commit every staged table when all passed their checks; else discard them all and fail the step.

@@ -8,9 +8,8 @@ from pyspark.sql import functions as F
 from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.ingest.judging import value_token
-from pipelines.frames import computed_once
 from pipelines.anomalies import AnomalyBounds
-from pipelines.stream_pass import anomaly_rows, ran_on_driver, segment_rows, summary_rows, watermark_rows
+from pipelines.stream_pass import WRITTEN, anomaly_rows, summary_rows
 from pipelines.stream_pass import stream_pass as pass_streams
 from pipelines.watermarks import partition_watermarks
 from resources.delta_store import DeltaStore
@@ -99,11 +98,13 @@ def stream_pass(context: dg.AssetExecutionContext, config: AnomalyConfig, spark:
         skipped = store.snapshot_rows("raw_topic_skipped", [snapshot_id])
         read_positions = None if skipped == 0 else read_stage(session, store, "raw_topic_skipped", snapshot_id)
         bounds = AnomalyBounds(heartbeat_gap_ms=config.heartbeat_gap_ms, clock_uncertainty_ms=config.clock_uncertainty_ms)
-        passed = pass_streams(raw, read_positions, rows=rows, bounds=bounds)
-        if not ran_on_driver(rows):
-            # Four tables are written from it: computed once, kept on local disk, not computed again.
-            passed = computed_once(passed)
-        tables.stage(segment_rows(passed), "heartbeat_segments")
+        # The two per-row tables are written by the pass itself, as Parquet from its Arrow batches where it makes
+        # them (on the driver or in Spark's Python workers); what comes back is the summaries and anomalies, computed
+        # once (docs/performance.md).
+        written = {table: tables.arrow_stage(table) for table in WRITTEN}
+        passed = pass_streams(raw, read_positions, rows=rows, bounds=bounds, written=written)
+        for stage in written.values():
+            tables.stage_arrow(stage)
         tables.stage(summary_rows(passed), "heartbeat_segment_summary")
         # Whether any dump has a gap, and which, observed by the same write, for the materialization's metadata.
         tables.stage(
@@ -111,7 +112,6 @@ def stream_pass(context: dg.AssetExecutionContext, config: AnomalyConfig, spark:
             observe=gap_observations(),
         )
         tables.add_metadata("partition_watermarks", gap_metadata(tables.observed("partition_watermarks")))
-        tables.stage(watermark_rows(passed), "reconstructed_watermarks")
         # Rows per anomaly, counted by the job that writes them.
         tables.stage(anomaly_rows(passed), "stream_anomalies",
                      observe={a: F.count_if(F.col("anomaly") == a) for a in ANOMALIES})

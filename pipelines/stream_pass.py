@@ -28,13 +28,20 @@ or, for a few rows (``DRIVER_MAX_ROWS``), once on the driver with no worker to s
 tables ``heartbeat_segments``, ``heartbeat_segment_summary`` (one row per segment, made with its
 rows), ``reconstructed_watermarks`` and ``stream_anomalies`` are selections of its output
 (``segment_rows``, ``summary_rows``, ``watermark_rows``, ``anomaly_rows``).
+
+The audit has the pass write the two per-row tables itself (``written``): each task writes its
+rows of ``heartbeat_segments`` and ``reconstructed_watermarks`` (``written_rows``) as Parquet
+with pyarrow, into the tables' staged writes, and returns only the summaries and anomalies.
+Returned through Spark, every row was converted from Arrow into Spark's rows (six maps each),
+kept, read again and encoded as Parquet by the JVM: at 2M rows that took the step from about
+8 s to 20 s warm (docs/performance.md).
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 from functools import partial
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +51,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.frames import computed_once
+from resources.staged_files import ArrowStage
 from resources.tuning import DRIVER_MAX_ROWS
 from schemas.conform import conform, local_batches, to_arrow_schema
 from schemas.operations import StreamAnomalies
@@ -52,6 +61,9 @@ from schemas.segments import HeartbeatSegments, HeartbeatSegmentSummary
 from schemas.watermarks import ReconstructedWatermarks
 
 PARTITION_KEYS = ("snapshot_id", "replica", "topic", "partition")
+# The per-row tables the pass can write itself, where it makes their rows (``stream_pass(written=...)``).
+WRITTEN = ("heartbeat_segments", "reconstructed_watermarks")
+_DATA_KINDS = pa.array(list(DATA_KINDS))
 MISSING = -1
 # Rows per Arrow batch the pass returns to Spark (a few MB each).
 OUTPUT_BATCH_ROWS = 16_384
@@ -338,19 +350,19 @@ def _watermark_columns(
     return data, touch[back], floor_known[sorted_rows][back], reach[back]
 
 
-def _stream_batches(table: pa.Table, schema: pa.Schema, bounds: AnomalyBounds):
-    """The pass over one stream (its positions sorted by offset): its rows with every output column, then its
-    anomalies."""
+def _stream_batches(table: pa.Table, schema: pa.Schema, bounds: AnomalyBounds) -> Iterator[tuple[bool, pa.RecordBatch]]:
+    """The pass over one stream (its positions sorted by offset): its rows with every output column (``True``, the
+    batch), then its summary and its anomalies (``False``, each batch)."""
     s = _Stream(table)
     rows = np.flatnonzero(s.is_row)
     seg = _segment_columns(s)
     batch = _stream_batch(s, rows, seg, schema)
-    yield batch
+    yield True, batch
     if len(rows):
-        yield _summary_batch(s, rows, seg, batch, schema)
+        yield False, _summary_batch(s, rows, seg, batch, schema)
     found = _stream_anomalies(s, rows, bounds.heartbeat_gap_ms, bounds.clock_uncertainty_ms)
     if found.columns["at"]:
-        yield _anomaly_batch(s, rows, found, schema)
+        yield False, _anomaly_batch(s, rows, found, schema)
 
 
 def _stream_batch(s: _Stream, rows: np.ndarray, seg: dict[str, np.ndarray], schema: pa.Schema) -> pa.RecordBatch:
@@ -645,19 +657,53 @@ def _streams(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
         yield table.slice(begin, stop - begin)
 
 
-def stream_rows(batches: Iterator[pa.RecordBatch], bounds: AnomalyBounds = AnomalyBounds()) -> Iterator[pa.RecordBatch]:
+def written_rows(table: str, rows: pa.RecordBatch) -> pa.RecordBatch:
+    """The rows of ``table`` (one of ``WRITTEN``) among one stream's rows as the pass gives them (every output column)."""
+    if table == "reconstructed_watermarks":
+        return rows.filter(pc.is_in(rows.column("kind"), _DATA_KINDS))
+    return rows
+
+
+def stream_rows(
+    batches: Iterator[pa.RecordBatch], bounds: AnomalyBounds = AnomalyBounds(),
+    written: Mapping[str, ArrowStage] | None = None,
+) -> Iterator[pa.RecordBatch]:
     """The fused pass over every stream among ``batches`` (``INPUT_COLUMNS``; read positions: kind null).
 
     A stream's positions must all be among ``batches`` (one exchange by stream gives that), in
     any order: they are sorted here by stream and offset. ``bounds``: the time-based anomalies'.
+
+    ``written``: per table of ``WRITTEN``, where this task writes that table's rows (``written_rows``)
+    itself; the stream's rows are then not returned, only the summaries and anomalies. The files are
+    in place once the returned iterator is exhausted.
     """
     schema = to_arrow_schema(OUTPUT_STRUCT)
-    for stream in _streams(batches):
-        for batch in _stream_batches(stream, schema, bounds):
-            # In slices: the JVM holds each batch it receives whole, off its heap (a 20M-row audit's streams of
-            # 1.7M rows, returned whole, took the driver JVM from 3.3 to 4.8 GiB).
-            for start in range(0, batch.num_rows, OUTPUT_BATCH_ROWS):
-                yield batch.slice(start, OUTPUT_BATCH_ROWS)
+    files = {table: stage.files(_task_number()) for table, stage in (written or {}).items()}
+    try:
+        for stream in _streams(batches):
+            for are_rows, batch in _stream_batches(stream, schema, bounds):
+                if are_rows and files:
+                    for table, file in files.items():
+                        file.write(written_rows(table, batch))
+                    continue
+                # In slices: the JVM holds each batch it receives whole, off its heap (a 20M-row audit's streams of
+                # 1.7M rows, returned whole, took the driver JVM from 3.3 to 4.8 GiB).
+                for start in range(0, batch.num_rows, OUTPUT_BATCH_ROWS):
+                    yield batch.slice(start, OUTPUT_BATCH_ROWS)
+        for file in files.values():
+            file.close()
+    except BaseException:
+        for file in files.values():
+            file.abort()
+        raise
+
+
+def _task_number() -> int:
+    """The partition this Spark task computes (its files are named by it), 0 outside a task (on the driver)."""
+    from pyspark import TaskContext
+
+    task = TaskContext.get()
+    return task.partitionId() if task is not None else 0
 
 
 def segment_watermarks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -706,7 +752,7 @@ def ran_on_driver(rows: int | None) -> bool:
 
 def stream_pass(
     raw: DataFrame, read_positions: DataFrame | None = None, rows: int | None = None,
-    bounds: AnomalyBounds = AnomalyBounds(),
+    bounds: AnomalyBounds = AnomalyBounds(), written: Mapping[str, ArrowStage] | None = None,
 ) -> DataFrame:
     """Every version-topic row of ``raw`` with its segment columns, ``U`` and ``M``, and its anomalies (``OUTPUT_STRUCT``).
 
@@ -714,12 +760,22 @@ def stream_pass(
     positions read that hold no row (raw Venice records skipped by rule): they close gaps and are
     not rows. ``rows``: how many rows ``raw`` holds when the caller knows (the Delta log does): at
     most ``DRIVER_MAX_ROWS`` the pass runs on the driver. ``bounds``: the time-based anomalies'.
+
+    ``written``: per table of ``WRITTEN``, the staged write the pass fills with that table's rows
+    where it makes them (``resources/staged_files.py``): no row of the streams comes back through
+    Spark, only the summaries and anomalies, and the pass has run (every file written) when this
+    returns, its output computed once and kept (``computed_once``).
     """
+    unknown = set(written or ()) - set(WRITTEN)
+    if unknown:
+        raise ValueError(f"the stream pass writes {', '.join(WRITTEN)} only, not {', '.join(sorted(unknown))}")
     positions = _positions(raw, read_positions)
-    kernel = partial(stream_rows, bounds=bounds)
+    kernel = partial(stream_rows, bounds=bounds, written=written)
     if ran_on_driver(rows):
         return local_batches(raw.sparkSession, kernel(iter(positions.toArrow().to_batches())), OUTPUT_STRUCT)
-    return positions.repartition(*PARTITION_KEYS).mapInArrow(kernel, OUTPUT_STRUCT)
+    passed = positions.repartition(*PARTITION_KEYS).mapInArrow(kernel, OUTPUT_STRUCT)
+    # Run once, now: a second run would write the files again (the same files, but the work twice).
+    return computed_once(passed) if written else passed
 
 
 def watermarks_of_segments(annotated: DataFrame) -> DataFrame:

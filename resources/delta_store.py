@@ -12,7 +12,9 @@ Two engines write the same table format:
   the snapshot's Parquet files straight into the table folder (invisible to readers,
   since no commit names them yet), then delta-rs (the ``deltalake`` package) commits
   them in one transaction that also removes the snapshot's previous files. The data is
-  written once, by Spark; delta-rs only writes the log. A crash before the commit
+  written once, by Spark (or, for a table a pass fills from Arrow batches where it makes
+  them, by that pass through pyarrow: ``arrow_stage``, ``resources/staged_files.py``);
+  delta-rs only writes the log. A crash before the commit
   leaves the table at its previous version (the orphan files are never read and are
   removed by ``VACUUM``). Two writers of one snapshot at once end as if they had run one
   after the other: one copy, the later commit's.
@@ -45,7 +47,7 @@ import os
 import random
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import dagster as dg
@@ -69,8 +71,9 @@ from resources.errors import InvalidSetting
 from resources.filesystem import Location, delta_storage_options
 from resources.session import has_native_delta
 from resources.snapshots import UnsafeNameError, check_snapshot_id  # noqa: F401 (UnsafeNameError: re-exported)
+from resources.staged_files import ArrowStage
 from resources.tuning import DEFAULT_RETENTION_HOURS
-from schemas.conform import conform, local_frame, quoted, select_sql, sql_literal
+from schemas.conform import conform, local_frame, quoted, select_sql, sql_literal, to_arrow_schema
 
 # Commits that lose a race to a concurrent writer are retried this many times in all.
 _COMMIT_ATTEMPTS = 10
@@ -106,11 +109,18 @@ def parquet_options(struct: T.StructType) -> dict[str, str]:
     options = {"parquet.enable.dictionary": "false"}
     if any(f.name in VALUE_COLUMNS for f in struct.fields):
         options.update({"parquet.page.size.row.check.min": "1", "parquet.page.size.check.estimate": "false"})
-    for f in struct.fields:
-        repeats = f.name not in DISTINCT_STRINGS and not f.name.startswith(DISTINCT_STRING_PREFIXES)
-        if isinstance(f.dataType, T.StringType) and repeats:
-            options[f"parquet.enable.dictionary#{f.name}"] = "true"
+    for name in dictionary_columns(struct):
+        options[f"parquet.enable.dictionary#{name}"] = "true"
     return options
+
+
+def dictionary_columns(struct: T.StructType) -> tuple[str, ...]:
+    """The columns ``parquet_options`` gives Parquet dictionary encoding: string columns whose values repeat."""
+    return tuple(
+        f.name for f in struct.fields
+        if isinstance(f.dataType, T.StringType) and f.name not in DISTINCT_STRINGS
+        and not f.name.startswith(DISTINCT_STRING_PREFIXES)
+    )
 
 
 def _snapshot_folder(write_folder: str, snapshot_id: str) -> str:
@@ -439,6 +449,45 @@ class DeltaStore(dg.ConfigurableResource):
             metrics=metrics,
         )
 
+    def arrow_stage(self, table: str, snapshot_id: str, struct: T.StructType) -> ArrowStage:
+        """A staged write of one snapshot that Arrow batches fill where they are made (``resources/staged_files.py``).
+
+        Its files go where ``stage`` would put Spark's (a fresh ``write-<uuid>`` folder, the snapshot's
+        Hive-style folder in it), with the writer settings ``stage`` gives Spark's writer (the codec,
+        dictionaries for repeating strings). Once every task has written, ``stage_arrow`` makes it a
+        ``StagedWrite`` like any other. Not for tables holding values (``VALUE_COLUMNS``), whose
+        pages Spark's writer bounds row by row.
+        """
+        check_snapshot_id(snapshot_id)
+        if any(f.name in VALUE_COLUMNS for f in struct.fields):
+            raise ValueError(f"{table} holds values: stage it with Spark's writer (DeltaStore.stage)")
+        relative_dir = f"write-{uuid.uuid4().hex}"
+        uri = self.table_uri(table)
+        folder = Location.of(_snapshot_folder(f"{uri}/{relative_dir}", snapshot_id))
+        return ArrowStage(
+            table=table, uri=uri, relative_dir=relative_dir, snapshot_id=snapshot_id,
+            schema=to_arrow_schema(_without_partition(struct)), fs=folder.fs, path=folder.path,
+            dictionary_columns=dictionary_columns(struct),
+        )
+
+    def stage_arrow(
+        self, spark: SparkSession, stage: ArrowStage, struct: T.StructType, observe: Sequence[Column] = (),
+    ) -> StagedWrite:
+        """The staged write that ``stage``'s files make, once written: rows counted and ``observe`` computed by one query.
+
+        ``observe`` are aggregate columns over the staged rows (the schema check's counts), as ``stage``
+        computes them while Spark writes. No file (no task had rows): an empty write, no query.
+        """
+        staged = StagedWrite(table=stage.table, uri=stage.uri, snapshot_id=stage.snapshot_id,
+                             relative_dir=stage.relative_dir, struct=struct, row_count=0)
+        written = Location.of(_snapshot_folder(staged.folder, stage.snapshot_id))
+        if not written.is_dir() or not any(e.base_name.endswith(".parquet") for e in written.walk_files()):
+            return staged
+        # Read as a staged write of unknown size (any count above 0 reads the files).
+        rows = self.read_staged(spark, replace(staged, row_count=-1))
+        metrics = rows.agg(F.count(F.lit(1)).alias(_ROWS), *observe).collect()[0].asDict()
+        return replace(staged, row_count=int(metrics.pop(_ROWS)), metrics=metrics)
+
     def stage_empty(self, table: str, snapshot_id: Optional[str], struct: T.StructType) -> StagedWrite:
         """A staged write of no rows, known empty without running Spark: committing it empties the snapshot.
 
@@ -474,6 +523,10 @@ class DeltaStore(dg.ConfigurableResource):
     def discard(self, staged: StagedWrite) -> None:
         """Remove a staged write that must not be published."""
         Location.of(staged.folder).delete_tree()
+
+    def discard_arrow_stage(self, stage: ArrowStage) -> None:
+        """Remove what a pass wrote for ``stage`` before it was staged (the step failed)."""
+        Location.of(f"{stage.uri}/{stage.relative_dir}").delete_tree()
 
     def commit(self, spark: SparkSession, staged: StagedWrite) -> WriteResult:
         """Publish a staged write: the snapshot's (or table's) rows become exactly the staged ones, in one commit."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -198,3 +199,54 @@ def test_a_check_of_a_table_the_log_knows_empty_runs_no_spark_job(spark, store):
     with measure_work(spark) as work:
         rows, counts = matching_rows(Resource, store, TABLE, "s2", everything, [F.col("offset")], anything, 2)
     assert work.executions == 1 and [r["offset"] for r in rows] == [0, 1] and counts == {"rows": 3}
+
+
+WATERMARKS = "reconstructed_watermarks"
+
+
+def _watermark_batch(offsets: list[int]):
+    import pyarrow as pa
+
+    from schemas.conform import to_arrow_schema
+
+    rows = [{"replica": "dc-a", "topic": "t_v1", "partition": 0, "offset": o, "key": f"k{o}", "kind": "PUT",
+             "value_hash": "h", "source_region": "dc-a", "source_offset": o, "applied_lower_bound": [("dc-a", o)],
+             "touch_bound": [("dc-a", o)], "reach": [("dc-a", o + 1)], "missing_before": 0} for o in offsets]
+    struct = struct_for(WATERMARKS)
+    schema = to_arrow_schema(struct)
+    return pa.RecordBatch.from_pylist([{f.name: r.get(f.name) for f in schema} for r in rows], schema=schema)
+
+
+def test_a_table_a_pass_writes_from_arrow_is_checked_and_published_like_any(spark, store):
+    """Catches: Arrow-staged files published without their schema rules counted, a wrong row count, an empty stage
+    (no task had rows) leaving the snapshot's old rows in place, and a pass's files left behind by a step that fails."""
+    tables = StepTables(spark, store, "s1")
+    stage = tables.arrow_stage(WATERMARKS)
+    file = stage.files(0)
+    file.write(_watermark_batch([3, 4, 5]))
+    file.close()
+    tables.stage_arrow(stage)
+    (result,) = tables.publish()
+    assert result.metadata["dagster/row_count"] == 3 and result.check_results[0].metadata["rows_checked"].value == 3
+    assert sorted(r["offset"] for r in store.read_snapshot(spark, WATERMARKS, "s1", struct_for(WATERMARKS)).collect()) \
+        == [3, 4, 5]
+
+    broken = StepTables(spark, store, "s1")
+    stage = broken.arrow_stage(WATERMARKS)
+    file = stage.files(0)
+    file.write(_watermark_batch([-1, 6]))  # an offset below 0
+    file.close()
+    broken.stage_arrow(stage)
+    pending = broken.arrow_stage("heartbeat_segments")  # filled by the pass, never staged: the step fails first
+    Path(pending.path).mkdir(parents=True)
+    (Path(pending.path) / "part-00000.parquet").write_bytes(b"a task's file")
+    with pytest.raises(dg.Failure, match="reconstructed_watermarks:matches_schema"):
+        list(broken.publish())
+    assert not (Path(store.table_uri("heartbeat_segments")) / pending.relative_dir).exists()
+    assert not (Path(store.table_uri(WATERMARKS)) / stage.relative_dir).exists()
+
+    empty = StepTables(spark, store, "s1")
+    empty.stage_arrow(empty.arrow_stage(WATERMARKS))
+    (result,) = empty.publish()
+    assert result.metadata["dagster/row_count"] == 0
+    assert store.read_snapshot(spark, WATERMARKS, "s1", struct_for(WATERMARKS)).count() == 0

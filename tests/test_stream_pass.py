@@ -9,14 +9,17 @@ written from several regions, timestamps out of order) give the same ``heartbeat
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.anomalies import AnomalyBounds, find_stream_anomalies
 from pipelines.segments import annotate_segments, summarize_segments
-from pipelines.stream_pass import anomaly_rows, segment_rows, stream_pass, summary_rows, watermark_rows
+from pipelines.stream_pass import WRITTEN, anomaly_rows, segment_rows, stream_pass, summary_rows, watermark_rows
+from pyspark.sql import functions as F
 from pipelines.watermarks import reconstruct_watermarks
 from schemas.operations import ANOMALIES
 from schemas.raw import RawTopicSnapshots
@@ -211,3 +214,34 @@ def test_the_grouped_running_max_never_carries_a_max_across_keys(data, huge):
         if groups[i] == groups[i - 1]:
             expected[i] = np.maximum(expected[i - 1], values[i])
     assert (_grouped_cummax(values, groups) == expected).all()
+
+
+@pytest.mark.parametrize("on_driver", (True, False), ids=("driver", "workers"))
+def test_the_pass_writes_its_per_row_tables_with_the_rows_it_would_return(spark, tmp_path, on_driver):
+    # Catches rows of heartbeat_segments or reconstructed_watermarks lost, repeated or changed on their way into the
+    # files the pass writes itself (a stream's rows written twice, a task's file put in place before its last rows,
+    # rows that are not data rows among the watermarks, columns taken by position), stream rows still returned
+    # through Spark, summaries or anomalies not returned, and a file left under its temporary name.
+    from resources.delta_store import DeltaStore
+    from schemas.registry import struct_for
+
+    rows, read = _fixed_snapshot()
+    raw = raw_frame(spark, rows)
+    read_positions = spark.createDataFrame(read, ",".join(f"{c} {t}" for c, t in zip(
+        SKIPPED, ("string", "string", "string", "int", "bigint"))))
+    store = DeltaStore(warehouse_root=str(tmp_path), engine="embedded")
+    stages = {table: store.arrow_stage(table, "t", struct_for(table)) for table in WRITTEN}
+    count = len(rows) if on_driver else None
+    passed = stream_pass(raw, read_positions, rows=count, bounds=BOUNDS, written=stages)
+    returned = stream_pass(raw, read_positions, rows=count, bounds=BOUNDS)
+    for table, selected in (("heartbeat_segments", segment_rows), ("reconstructed_watermarks", watermark_rows)):
+        staged = store.stage_arrow(spark, stages[table], struct_for(table))
+        expected = _tables(selected(returned))
+        assert _tables(store.read_staged(spark, staged)) == expected
+        assert staged.row_count == sum(expected.values())
+        names = sorted(p.name for p in (tmp_path / table / stages[table].relative_dir / "snapshot_id=t").iterdir())
+        assert names and all(re.fullmatch(r"part-\d{5}\.parquet", n) for n in names), names
+        assert len(names) == 1 if on_driver else len(names) >= 1
+    assert passed.where(F.col("kind").isNotNull()).count() == 0
+    assert _tables(summary_rows(passed)) == _tables(summary_rows(returned))
+    assert _tables(anomaly_rows(passed)) == _tables(anomaly_rows(returned))

@@ -1,0 +1,117 @@
+"""Staged Parquet files written from Arrow record batches, in any process: the driver or Spark's Python workers.
+
+A staged write (``resources/delta_store.py``) is a folder of Parquet files that no reader sees
+until its commit names them. Spark's writer fills it for most tables. A pass that already holds
+its rows as Arrow batches in a Python task (the stream pass, ``pipelines/stream_pass.py``) fills
+it itself through an ``ArrowStage``: pyarrow writes the batches as Parquet where they are made,
+with no conversion of every row into Spark's rows and no Parquet encoding in the JVM (writing
+``heartbeat_segments`` and ``reconstructed_watermarks`` so took a fifth of the CPU at 2M rows,
+docs/performance.md). What the commit and every reader see is the same: Parquet files of the
+table's columns (without the partition column, which the folder names), checked by the same
+compiled schema rules and committed by the same Delta commit as any staged write.
+
+This module imports pyarrow only and travels by value to Spark's Python workers (as the stream
+pass does): an executor needs numpy and pyarrow, not the project. An ``ArrowStage`` carries its
+filesystem (pyarrow filesystems pickle with their options), resolved on the driver.
+
+Each Python task writes at most one file per stage, named by the task's partition (``part-NNNNN``):
+a task run again (a retry, a speculative copy, a lost block computed again) writes the same rows
+under the same name, first to a hidden temporary name and then moved over it, so a staged
+folder never holds a partial file or two copies of a task's rows.
+"""
+from __future__ import annotations
+
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from pyspark import cloudpickle
+
+# Rows buffered before Parquet row groups are written, and the most a row group holds: a task's many small streams
+# still make few row groups (each ``write_table`` call makes at least one), a long stream's rows several (a reader
+# splits a file by row groups), and a buffer holds a few tens of MB (beyond a stream's own batch).
+ROW_GROUP_ROWS = 262_144
+# Spark's codec for the tables it writes (``spark.sql.parquet.compression.codec`` of resources/session.py).
+COMPRESSION = "zstd"
+
+
+@dataclass(frozen=True)
+class ArrowStage:
+    """Where a staged write's Parquet files go, and their columns: everything a task needs to write them."""
+
+    table: str
+    uri: str  # the table's
+    relative_dir: str  # the write's folder, relative to the table (``StagedWrite.relative_dir``)
+    snapshot_id: str
+    schema: pa.Schema  # the files' columns: the table's, less the partition column
+    fs: pafs.FileSystem
+    path: str  # the filesystem's path of the folder the files go to (the snapshot's, Hive-style)
+    dictionary_columns: tuple[str, ...]  # columns with Parquet dictionary encoding (``parquet_options``' choice)
+
+    def files(self, part: int) -> "PartFile":
+        """The file of task ``part`` (its partition number), opened at its first rows."""
+        return PartFile(self, part)
+
+
+class PartFile:
+    """One task's file of an ``ArrowStage``: batches in, one Parquet file out when closed (none without rows)."""
+
+    def __init__(self, stage: ArrowStage, part: int):
+        self.stage = stage
+        self.final = f"{stage.path}/part-{part:05d}.parquet"
+        # Hidden (a leading "."): never read as a table's file, and removed by the commit's listing if left behind.
+        self.temporary = f"{stage.path}/.part-{part:05d}-{uuid.uuid4().hex}.parquet.tmp"
+        self.rows = 0
+        self._buffer: list[pa.RecordBatch] = []
+        self._buffered = 0
+        self._writer: Optional[pq.ParquetWriter] = None
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Add ``batch``'s rows (its columns of the stage's schema, by name; others are ignored)."""
+        if not batch.num_rows:
+            return
+        schema = self.stage.schema
+        self._buffer.append(pa.RecordBatch.from_arrays([batch.column(name) for name in schema.names], schema=schema))
+        self._buffered += batch.num_rows
+        if self._buffered >= ROW_GROUP_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buffered:
+            return
+        if self._writer is None:
+            self.stage.fs.create_dir(self.stage.path, recursive=True)
+            self._writer = pq.ParquetWriter(
+                self.temporary, self.stage.schema, filesystem=self.stage.fs, compression=COMPRESSION,
+                use_dictionary=list(self.stage.dictionary_columns) or False,
+            )
+        self._writer.write_table(pa.Table.from_batches(self._buffer), row_group_size=ROW_GROUP_ROWS)
+        self.rows += self._buffered
+        self._buffer, self._buffered = [], 0
+
+    def close(self) -> int:
+        """Write what is buffered and put the file in place; the rows it holds (0: no file was made)."""
+        self._flush()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self.stage.fs.move(self.temporary, self.final)
+        return self.rows
+
+    def abort(self) -> None:
+        """Drop the file being written (the task failed): nothing is put in place."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+                self.stage.fs.delete_file(self.temporary)
+            except Exception:  # noqa: BLE001 - the task's own error is the one to report
+                pass
+            self._writer = None
+
+
+# Sent to Spark's Python workers by value, with the pass that writes through it.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
