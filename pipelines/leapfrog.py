@@ -90,7 +90,7 @@ from pipelines.state.carry import kept_where_gapped
 from pipelines.state.rows import LAST_VERSION_COLUMNS
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
-from resources.tuning import DRIVER_MAX_ROWS
+from resources.tuning import DRIVER_MAX_ROWS, on_driver  # noqa: F401 (DRIVER_MAX_ROWS: the default, for callers)
 from schemas.conform import conform, local_batches, local_frame
 from schemas.raw import VECTOR
 from schemas.divergence import DivergenceReports, DivergenceSummary
@@ -662,9 +662,9 @@ def compare(
     spark = row_watermarks.sparkSession
     pairs = local_frame(spark, layout.pairs, _PAIRS)
     ids = _replica_partition_ids(spark, layout)
-    on_driver = rows is not None and rows <= DRIVER_MAX_ROWS
-    compared = _compared(row_watermarks, layout, ids, on_driver)
-    compared = compared if on_driver else computed_once(compared)
+    driver = on_driver(rows)
+    compared = _compared(row_watermarks, layout, ids, driver)
+    compared = compared if driver else computed_once(compared)
     per_pair = compared.where(F.col("pair_id").isNotNull())
     verdicts = _verdicts(per_pair, pairs, layout.regions)
     reports = _with_values(verdicts.where(F.col("verdict") != "CONSISTENT"), values)

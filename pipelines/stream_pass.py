@@ -53,7 +53,7 @@ from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
 from resources.staged_files import ArrowStage
-from resources.tuning import DRIVER_MAX_ROWS
+from resources.tuning import on_driver
 from schemas.conform import conform, local_batches, to_arrow_schema
 from schemas.operations import StreamAnomalies
 from schemas.raw import DATA_KINDS, VECTOR
@@ -745,11 +745,6 @@ def _positions(raw: DataFrame, read_positions: DataFrame | None) -> DataFrame:
     return rows.unionByName(markers)
 
 
-def ran_on_driver(rows: int | None) -> bool:
-    """Whether ``stream_pass`` over ``rows`` rows runs on the driver (a known, small number)."""
-    return rows is not None and rows <= DRIVER_MAX_ROWS
-
-
 def stream_pass(
     raw: DataFrame, read_positions: DataFrame | None = None, rows: int | None = None,
     bounds: AnomalyBounds = AnomalyBounds(), written: Mapping[str, ArrowStage] | None = None,
@@ -771,7 +766,7 @@ def stream_pass(
         raise ValueError(f"the stream pass writes {', '.join(WRITTEN)} only, not {', '.join(sorted(unknown))}")
     positions = _positions(raw, read_positions)
     kernel = partial(stream_rows, bounds=bounds, written=written)
-    if ran_on_driver(rows):
+    if on_driver(rows):
         return local_batches(raw.sparkSession, kernel(iter(positions.toArrow().to_batches())), OUTPUT_STRUCT)
     passed = positions.repartition(*PARTITION_KEYS).mapInArrow(kernel, OUTPUT_STRUCT)
     # Run once, now: a second run would write the files again (the same files, but the work twice).

@@ -1,6 +1,7 @@
 """Default sizes of the Spark session and of housekeeping, importable without starting anything (the CLI reads them)."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 # An upper bound, not a task count: adaptive execution merges each shuffle's partitions to
@@ -18,6 +19,18 @@ DEFAULT_RETENTION_HOURS = 7 * 24
 # At most this many rows, a pass over Arrow batches (the stream pass, the Leap Frog comparison) runs once on the
 # driver: a small audit then starts no Python worker, whose start costs more than the pass over its rows.
 DRIVER_MAX_ROWS = 20_000
+DRIVER_MAX_ROWS_ENV = "REPLICA_LENS_DRIVER_MAX_ROWS"
+
+
+def on_driver(rows: Optional[int]) -> bool:
+    """Whether a pass over ``rows`` rows (a known number; None: unknown) runs on the driver.
+
+    At most ``DRIVER_MAX_ROWS``, or ``REPLICA_LENS_DRIVER_MAX_ROWS`` when set (0: every pass in Spark's Python workers).
+    """
+    from resources.settings import whole_number
+
+    value = whole_number(os.environ.get(DRIVER_MAX_ROWS_ENV), DRIVER_MAX_ROWS_ENV, minimum=0)
+    return rows is not None and rows <= (DRIVER_MAX_ROWS if value is None else value)
 
 # Steps of one audit run at once, on threads of the run's process (replica_lens/executor.py).
 # Measured on the 2-core development machine (docs/performance.md, "Levers tried").

@@ -3,8 +3,9 @@
 A master and one worker are started from the installed pyspark (``bin/spark-class``) on
 loopback, with free ports and their own work, local and log folders, and stopped at the
 end. The snapshot is gzip JSONL with injected faults and one truncated file, so that the
-proof search (Spark's Python workers on the executor), the salvage of a broken file and
-the quarantine all take part. Landing and warehouse are given as ``file://`` URIs, as on
+salvage of a broken file and the quarantine take part; the cluster's audit runs every pass
+over Arrow batches in Spark's Python workers on the executor (``REPLICA_LENS_DRIVER_MAX_ROWS=0``):
+the stream pass, writing the staged files of two tables from there, and the proof search. Landing and warehouse are given as ``file://`` URIs, as on
 a cluster where they would be shared storage. The cluster's audit runs as its own
 ``replica-lens audit`` process, as an operator runs it; the local reference is the same
 audit in the suite's own ``local[2]`` session.
@@ -26,6 +27,7 @@ import pytest
 
 import pyspark
 from replica_lens.audit import run_audit
+from resources.tuning import DRIVER_MAX_ROWS_ENV
 from tests.test_audit_e2e import SETTINGS
 
 pytestmark = pytest.mark.slow
@@ -138,7 +140,9 @@ def _audit(landing: Path, warehouse: Path, master: str) -> dict:
         "--warehouse", warehouse.as_uri(), "--snapshot-id", "snap", "--spark-master", master,
         "--quiet", "--json", str(document),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    # Every pass in the executor's Python workers, however few the rows (the local reference runs them on the driver).
+    env = {**os.environ, DRIVER_MAX_ROWS_ENV: "0"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200, env=env)
     assert done.returncode == 0, f"{master}: exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return json.loads(document.read_text())
 
@@ -162,7 +166,8 @@ def test_an_audit_on_a_standalone_cluster_writes_the_same_tables_as_local(
     spark, standalone_cluster, broken_snapshot, tmp_path
 ):
     """Catches work that only holds in one JVM: a Python function or module the executors cannot load,
-    driver-local paths in what executors read or write, or results that depend on task placement."""
+    driver-local paths in what executors read or write (the stream pass's staged files), or results that depend
+    on task placement or on the pass running on the driver or in workers."""
     on_cluster = _audit(broken_snapshot, tmp_path / "cluster", standalone_cluster)
     # The reference is the same audit in the suite's local session (this process): a second command
     # would only pay another JVM start to compute the same tables.

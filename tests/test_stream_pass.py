@@ -245,3 +245,18 @@ def test_the_pass_writes_its_per_row_tables_with_the_rows_it_would_return(spark,
     assert passed.where(F.col("kind").isNotNull()).count() == 0
     assert _tables(summary_rows(passed)) == _tables(summary_rows(returned))
     assert _tables(anomaly_rows(passed)) == _tables(anomaly_rows(returned))
+
+
+def test_which_passes_run_on_the_driver_is_a_setting(monkeypatch):
+    # Catches REPLICA_LENS_DRIVER_MAX_ROWS ignored (a cluster's operator could not keep the passes off the driver, and
+    # the cluster test would not run them in its workers), 0 refused, and a bad value read silently as the default.
+    from resources.errors import InvalidSetting
+    from resources.tuning import DRIVER_MAX_ROWS, DRIVER_MAX_ROWS_ENV, on_driver
+
+    monkeypatch.delenv(DRIVER_MAX_ROWS_ENV, raising=False)
+    assert on_driver(DRIVER_MAX_ROWS) and not on_driver(DRIVER_MAX_ROWS + 1) and not on_driver(None)
+    monkeypatch.setenv(DRIVER_MAX_ROWS_ENV, "0")
+    assert on_driver(0) and not on_driver(1)
+    monkeypatch.setenv(DRIVER_MAX_ROWS_ENV, "ten")
+    with pytest.raises(InvalidSetting, match=DRIVER_MAX_ROWS_ENV):
+        on_driver(5)
