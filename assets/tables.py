@@ -8,6 +8,10 @@ commit per table; otherwise nothing of the step is published (every table keeps 
 previous version), the step fails naming the check and its violations, and, since the
 asset's blocking ``matches_schema`` check did not pass, no downstream step runs.
 
+A table that a pass writes itself from Arrow batches (``arrow_stage``, ``stage_arrow``) is
+judged by the same rules in their Arrow form, counted by the pass as it writes each file and
+read from the files' footers (``schemas/arrow_rules.py``): no Spark job.
+
 A table built from another table of the same step reads that table's staged files
 (``StepTables.frame``): nothing is read back from Delta for it, and nothing is published
 before the whole step has been validated. A step's own counts for its metadata ride on the
@@ -19,7 +23,7 @@ their count in one query, and no query at all when the Delta log says the snapsh
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import dagster as dg
@@ -163,21 +167,24 @@ class StepTables:
     def arrow_stage(self, table: str) -> ArrowStage:
         """A staged write of ``table`` that a pass fills with Arrow batches where it makes them (``stage_arrow`` then).
 
+        Its files count the rows breaking each of the table's schema rules as they are written.
         Discarded with the step's other staged tables if the step does not publish.
         """
-        stage = self.store.arrow_stage(table, self.snapshot_id, struct_for(table))
+        rules = TableValidation(model_for(table)).arrow_rules()
+        stage = self.store.arrow_stage(table, self.snapshot_id, struct_for(table), rules)
         self._pending[table] = stage
         return stage
 
-    def stage_arrow(
-        self, stage: ArrowStage, extra_metadata: dict[str, Any] | None = None, observe: dict[str, Column] | None = None,
-    ) -> StagedWrite:
-        """``stage``'s files, written: validated like ``stage``'s, by one query over the staged files."""
+    def stage_arrow(self, stage: ArrowStage, extra_metadata: dict[str, Any] | None = None) -> StagedWrite:
+        """``stage``'s files, written: judged like ``stage``'s tables, by the rule counts in their footers."""
         self._pending.pop(stage.table, None)
-        return self._checked(
-            stage.table, lambda aggregates: self.store.stage_arrow(self.spark, stage, struct_for(stage.table), aggregates),
-            extra_metadata, observe,
-        )
+        validation = TableValidation(model_for(stage.table))
+
+        def staging(aggregates: list[Column]) -> StagedWrite:
+            staged = self.store.stage_arrow(stage, struct_for(stage.table))
+            return replace(staged, metrics=validation.arrow_metrics(staged.row_count, staged.metrics["rule_counts"]))
+
+        return self._checked(stage.table, staging, extra_metadata, None)
 
     def _checked(
         self, table: str, staging: Callable[[list[Column]], StagedWrite], extra_metadata: dict[str, Any] | None,

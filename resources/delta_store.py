@@ -71,7 +71,8 @@ from resources.errors import InvalidSetting
 from resources.filesystem import Location, delta_storage_options
 from resources.session import has_native_delta
 from resources.snapshots import UnsafeNameError, check_snapshot_id  # noqa: F401 (UnsafeNameError: re-exported)
-from resources.staged_files import ArrowStage
+from resources.staged_files import RULE_COUNTS, ArrowStage
+from schemas.arrow_rules import ArrowRule
 from resources.tuning import DEFAULT_RETENTION_HOURS
 from schemas.conform import conform, local_frame, quoted, select_sql, sql_literal, to_arrow_schema
 
@@ -449,14 +450,17 @@ class DeltaStore(dg.ConfigurableResource):
             metrics=metrics,
         )
 
-    def arrow_stage(self, table: str, snapshot_id: str, struct: T.StructType) -> ArrowStage:
+    def arrow_stage(
+        self, table: str, snapshot_id: str, struct: T.StructType, rules: tuple[ArrowRule, ...] = (),
+    ) -> ArrowStage:
         """A staged write of one snapshot that Arrow batches fill where they are made (``resources/staged_files.py``).
 
         Its files go where ``stage`` would put Spark's (a fresh ``write-<uuid>`` folder, the snapshot's
         Hive-style folder in it), with the writer settings ``stage`` gives Spark's writer (the codec,
-        dictionaries for repeating strings). Once every task has written, ``stage_arrow`` makes it a
-        ``StagedWrite`` like any other. Not for tables holding values (``VALUE_COLUMNS``), whose
-        pages Spark's writer bounds row by row.
+        dictionaries for repeating strings); each counts the rows breaking each of ``rules`` as it
+        writes them. Once every task has written, ``stage_arrow`` makes it a ``StagedWrite`` like any
+        other. Not for tables holding values (``VALUE_COLUMNS``), whose pages Spark's writer bounds
+        row by row.
         """
         check_snapshot_id(snapshot_id)
         if any(f.name in VALUE_COLUMNS for f in struct.fields):
@@ -467,26 +471,30 @@ class DeltaStore(dg.ConfigurableResource):
         return ArrowStage(
             table=table, uri=uri, relative_dir=relative_dir, snapshot_id=snapshot_id,
             schema=to_arrow_schema(_without_partition(struct)), fs=folder.fs, path=folder.path,
-            dictionary_columns=dictionary_columns(struct),
+            dictionary_columns=dictionary_columns(struct), rules=tuple(rules), partition=(PARTITION_COLUMN, snapshot_id),
         )
 
-    def stage_arrow(
-        self, spark: SparkSession, stage: ArrowStage, struct: T.StructType, observe: Sequence[Column] = (),
-    ) -> StagedWrite:
-        """The staged write that ``stage``'s files make, once written: rows counted and ``observe`` computed by one query.
+    def stage_arrow(self, stage: ArrowStage, struct: T.StructType) -> StagedWrite:
+        """The staged write that ``stage``'s files make, once written; from their footers alone (no Spark job).
 
-        ``observe`` are aggregate columns over the staged rows (the schema check's counts), as ``stage``
-        computes them while Spark writes. No file (no task had rows): an empty write, no query.
+        ``metrics``: ``rule_counts``, per rule of ``stage.rules``, the rows of all the files that break it.
+        No file (no task had rows): an empty write.
         """
-        staged = StagedWrite(table=stage.table, uri=stage.uri, snapshot_id=stage.snapshot_id,
-                             relative_dir=stage.relative_dir, struct=struct, row_count=0)
-        written = Location.of(_snapshot_folder(staged.folder, stage.snapshot_id))
-        if not written.is_dir() or not any(e.base_name.endswith(".parquet") for e in written.walk_files()):
-            return staged
-        # Read as a staged write of unknown size (any count above 0 reads the files).
-        rows = self.read_staged(spark, replace(staged, row_count=-1))
-        metrics = rows.agg(F.count(F.lit(1)).alias(_ROWS), *observe).collect()[0].asDict()
-        return replace(staged, row_count=int(metrics.pop(_ROWS)), metrics=metrics)
+        written = Location.of(_snapshot_folder(f"{stage.uri}/{stage.relative_dir}", stage.snapshot_id))
+        rows, counts = 0, [0] * len(stage.rules)
+        for info in written.walk_files() if written.is_dir() else []:
+            if not info.base_name.endswith(".parquet"):
+                continue
+            with written.fs.open_input_file(info.path) as handle:
+                footer = pq.ParquetFile(handle).metadata
+            rows += footer.num_rows
+            found = json.loads((footer.metadata or {}).get(RULE_COUNTS.encode(), b"null"))
+            if found is None or len(found) != len(counts):
+                raise ValueError(f"{info.path}: no rule counts for the {len(counts)} rules of {stage.table} in its footer")
+            counts = [a + b for a, b in zip(counts, found)]
+        return StagedWrite(table=stage.table, uri=stage.uri, snapshot_id=stage.snapshot_id,
+                           relative_dir=stage.relative_dir, struct=struct, row_count=rows,
+                           metrics={"rule_counts": counts})
 
     def stage_empty(self, table: str, snapshot_id: Optional[str], struct: T.StructType) -> StagedWrite:
         """A staged write of no rows, known empty without running Spark: committing it empties the snapshot.

@@ -14,6 +14,10 @@ This module imports pyarrow only and travels by value to Spark's Python workers 
 pass does): an executor needs numpy and pyarrow, not the project. An ``ArrowStage`` carries its
 filesystem (pyarrow filesystems pickle with their options), resolved on the driver.
 
+Each file carries, in its footer, how many of its rows break each of the table's schema rules
+(``schemas/arrow_rules.py``), counted as they are written, as Spark's writer counts them for the
+tables it writes: the staged write is judged from the footers, with no pass over its rows.
+
 Each Python task writes at most one file per stage, named by the task's partition (``part-NNNNN``):
 a task run again (a retry, a speculative copy, a lost block computed again) writes the same rows
 under the same name, first to a hidden temporary name and then moved over it, so a staged
@@ -21,6 +25,7 @@ folder never holds a partial file or two copies of a task's rows.
 """
 from __future__ import annotations
 
+import json
 import sys
 import uuid
 from dataclasses import dataclass
@@ -31,10 +36,14 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark import cloudpickle
 
+from schemas.arrow_rules import ArrowRule, violations
+
 # Rows buffered before Parquet row groups are written, and the most a row group holds: a task's many small streams
 # still make few row groups (each ``write_table`` call makes at least one), a long stream's rows several (a reader
 # splits a file by row groups), and a buffer holds a few tens of MB (beyond a stream's own batch).
 ROW_GROUP_ROWS = 262_144
+# The footer's key of a file's rule counts: per rule of ``ArrowStage.rules``, the rows of the file that break it.
+RULE_COUNTS = "replica_lens.rule_counts"
 # Spark's codec for the tables it writes (``spark.sql.parquet.compression.codec`` of resources/session.py).
 COMPRESSION = "zstd"
 
@@ -51,6 +60,8 @@ class ArrowStage:
     fs: pafs.FileSystem
     path: str  # the filesystem's path of the folder the files go to (the snapshot's, Hive-style)
     dictionary_columns: tuple[str, ...]  # columns with Parquet dictionary encoding (``parquet_options``' choice)
+    rules: tuple[ArrowRule, ...] = ()  # the table's schema rules, counted on the rows as they are written
+    partition: tuple[str, str] | None = None  # (column, value): the partition column, the same on every row
 
     def files(self, part: int) -> "PartFile":
         """The file of task ``part`` (its partition number), opened at its first rows."""
@@ -66,6 +77,7 @@ class PartFile:
         # Hidden (a leading "."): never read as a table's file, and removed by the commit's listing if left behind.
         self.temporary = f"{stage.path}/.part-{part:05d}-{uuid.uuid4().hex}.parquet.tmp"
         self.rows = 0
+        self.broken = [0] * len(stage.rules)  # per rule, the rows written that break it
         self._buffer: list[pa.RecordBatch] = []
         self._buffered = 0
         self._writer: Optional[pq.ParquetWriter] = None
@@ -89,7 +101,10 @@ class PartFile:
                 self.temporary, self.stage.schema, filesystem=self.stage.fs, compression=COMPRESSION,
                 use_dictionary=list(self.stage.dictionary_columns) or False,
             )
-        self._writer.write_table(pa.Table.from_batches(self._buffer), row_group_size=ROW_GROUP_ROWS)
+        rows = pa.Table.from_batches(self._buffer)
+        constants = dict([self.stage.partition]) if self.stage.partition else None
+        self.broken = [a + b for a, b in zip(self.broken, violations(self.stage.rules, rows, constants))]
+        self._writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
         self.rows += self._buffered
         self._buffer, self._buffered = [], 0
 
@@ -97,6 +112,7 @@ class PartFile:
         """Write what is buffered and put the file in place; the rows it holds (0: no file was made)."""
         self._flush()
         if self._writer is not None:
+            self._writer.add_key_value_metadata({RULE_COUNTS: json.dumps(self.broken)})
             self._writer.close()
             self._writer = None
             self.stage.fs.move(self.temporary, self.final)

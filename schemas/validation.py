@@ -30,6 +30,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from schemas.arrow_rules import NOT_NULLABLE, ArrowRule
 from schemas.conform import quoted, sql_literal
 
 
@@ -79,6 +80,7 @@ class DataRule:
     reason: str
     check: str
     violated: str  # a Spark SQL condition on the row
+    arrow: ArrowRule  # the same rule, counted on Arrow data (schemas/arrow_rules.py)
 
 
 def data_rules(model) -> list[DataRule]:
@@ -93,7 +95,8 @@ def data_rules(model) -> list[DataRule]:
     for name, column in schema.columns.items():
         value = quoted(name)
         if not column.nullable:
-            rules.append(DataRule(name, "SCHEMA", "SERIES_CONTAINS_NULLS", "not_nullable", f"{value} IS NULL"))
+            rules.append(DataRule(name, "SCHEMA", "SERIES_CONTAINS_NULLS", NOT_NULLABLE, f"{value} IS NULL",
+                                  ArrowRule(name, NOT_NULLABLE)))
         for check in column.checks:
             compile_rule = _VIOLATED.get(check.name)
             if compile_rule is None:
@@ -101,7 +104,8 @@ def data_rules(model) -> list[DataRule]:
                     f"{schema.name}.{name}: pandera check {check.name!r} has no one-pass form; "
                     "add it to schemas/validation.py (_VIOLATED)"
                 )
-            rules.append(DataRule(name, "DATA", "DATAFRAME_CHECK", check.error, compile_rule(value, check.statistics)))
+            rules.append(DataRule(name, "DATA", "DATAFRAME_CHECK", check.error, compile_rule(value, check.statistics),
+                                  ArrowRule(name, check.name, tuple(sorted(check.statistics.items())))))
     return rules
 
 
@@ -152,6 +156,16 @@ class TableValidation:
             f"count_if({rule.violated}) AS __rule_{i}" for i, rule in enumerate(self.rules) if i in checkable
         ]
         return [F.expr(f"struct({', '.join(counts)}) AS {self.METRIC}")]
+
+    def arrow_rules(self) -> tuple[ArrowRule, ...]:
+        """Every data rule, in order, to count on Arrow data of the table's declared columns (``arrow_metrics``)."""
+        return tuple(rule.arrow for rule in self.rules)
+
+    def arrow_metrics(self, rows: int, counts: list[int]) -> dict[str, int]:
+        """What ``violations`` reads, from ``rows`` and the rows breaking each of ``arrow_rules`` (``counts``)."""
+        if len(counts) != len(self.rules):
+            raise ValueError(f"{len(counts)} rule counts for the {len(self.rules)} rules of {self.model.__name__}")
+        return {self.ROWS: rows, **{f"__rule_{i}": count for i, count in enumerate(counts)}}
 
     def _checkable(self, struct: T.StructType) -> set[int]:
         # A missing column is a structure violation already. A mistyped one is too, and its value

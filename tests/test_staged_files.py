@@ -71,3 +71,43 @@ def test_a_table_holding_values_is_not_staged_from_arrow(tmp_path):
 
     with pytest.raises(ValueError, match="holds values"):
         DeltaStore(warehouse_root=str(tmp_path)).arrow_stage("raw_topic_snapshots", "s", struct_for("raw_topic_snapshots"))
+
+
+def test_each_file_counts_the_rows_breaking_each_rule_and_the_stage_adds_them_up(tmp_path):
+    # Catches rule counts lost for rows written in an earlier row group or in another task's file, counts read from
+    # the wrong rule, and a file without counts (a writer that skipped them) taken for a file with none broken.
+    from resources.delta_store import DeltaStore
+    from schemas.arrow_rules import NOT_NULLABLE, ArrowRule
+    from schemas.registry import struct_for
+
+    import resources.staged_files as staged_files
+
+    store = DeltaStore(warehouse_root=str(tmp_path))
+    rules = (ArrowRule("offset", "greater_than_or_equal_to", (("min_value", 0),)), ArrowRule("key", NOT_NULLABLE))
+    stage = store.arrow_stage("reconstructed_watermarks", "s", struct_for("reconstructed_watermarks"), rules)
+    full = {name: [None] * 3 for name in stage.schema.names}
+    for part, offsets in enumerate(([-1, 2, -3], [4, -5, 6])):
+        file = stage.files(part)
+        file.write(pa.RecordBatch.from_pydict({**full, "offset": offsets, "key": ["k", None, None]}, schema=stage.schema))
+        file.close()
+    staged = store.stage_arrow(stage, struct_for("reconstructed_watermarks"))
+    assert staged.row_count == 6 and staged.metrics["rule_counts"] == [3, 4]
+
+    bare = staged_files.ArrowStage(**{**stage.__dict__, "rules": ()})
+    file = bare.files(2)
+    file.write(pa.RecordBatch.from_pydict({**full, "offset": [1, 2, 3]}, schema=stage.schema))
+    file.close()
+    with pytest.raises(ValueError, match="no rule counts"):
+        store.stage_arrow(stage, struct_for("reconstructed_watermarks"))
+
+
+def test_a_rule_on_the_partition_column_counts_every_row_or_none():
+    # Catches a rule on the partition column (absent from the files: the folder names it) skipped, or counted once
+    # instead of once per row.
+    from schemas.arrow_rules import NOT_NULLABLE, ArrowRule, violations
+
+    rules = (ArrowRule("snapshot_id", NOT_NULLABLE), ArrowRule("snapshot_id", "isin", (("allowed_values", ["a"]),)))
+    rows = _batch([1, 2, 3])
+    assert violations(rules, rows, {"snapshot_id": "a"}) == [0, 0]
+    assert violations(rules, rows, {"snapshot_id": "b"}) == [0, 3]
+    assert violations(rules[:1], rows, {"snapshot_id": None}) == [3]

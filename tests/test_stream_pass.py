@@ -223,22 +223,26 @@ def test_the_pass_writes_its_per_row_tables_with_the_rows_it_would_return(spark,
     # rows that are not data rows among the watermarks, columns taken by position), stream rows still returned
     # through Spark, summaries or anomalies not returned, and a file left under its temporary name.
     from resources.delta_store import DeltaStore
-    from schemas.registry import struct_for
+    from schemas.registry import model_for, struct_for
+    from schemas.validation import TableValidation
 
     rows, read = _fixed_snapshot()
     raw = raw_frame(spark, rows)
     read_positions = spark.createDataFrame(read, ",".join(f"{c} {t}" for c, t in zip(
         SKIPPED, ("string", "string", "string", "int", "bigint"))))
     store = DeltaStore(warehouse_root=str(tmp_path), engine="embedded")
-    stages = {table: store.arrow_stage(table, "t", struct_for(table)) for table in WRITTEN}
+    stages = {table: store.arrow_stage(table, "t", struct_for(table), TableValidation(model_for(table)).arrow_rules())
+              for table in WRITTEN}
     count = len(rows) if on_driver else None
     passed = stream_pass(raw, read_positions, rows=count, bounds=BOUNDS, written=stages)
     returned = stream_pass(raw, read_positions, rows=count, bounds=BOUNDS)
     for table, selected in (("heartbeat_segments", segment_rows), ("reconstructed_watermarks", watermark_rows)):
-        staged = store.stage_arrow(spark, stages[table], struct_for(table))
+        staged = store.stage_arrow(stages[table], struct_for(table))
         expected = _tables(selected(returned))
         assert _tables(store.read_staged(spark, staged)) == expected
         assert staged.row_count == sum(expected.values())
+        # Counted as written: the rules' counts in the footers are the rows breaking them (here: none).
+        assert staged.metrics["rule_counts"] == [0] * len(stages[table].rules) and stages[table].rules
         names = sorted(p.name for p in (tmp_path / table / stages[table].relative_dir / "snapshot_id=t").iterdir())
         assert names and all(re.fullmatch(r"part-\d{5}\.parquet", n) for n in names), names
         assert len(names) == 1 if on_driver else len(names) >= 1
