@@ -20,6 +20,15 @@ import pyarrow.compute as pc
 from pyspark import cloudpickle
 
 NOT_NULLABLE = "not_nullable"
+# pandera's comparison checks: what breaks each (a comparison, true where the value breaks it) and its bound.
+_COMPARED = {
+    "greater_than_or_equal_to": (pc.less, "min_value"),
+    "greater_than": (pc.less_equal, "min_value"),
+    "less_than_or_equal_to": (pc.greater, "max_value"),
+    "less_than": (pc.greater_equal, "max_value"),
+    "equal_to": (pc.not_equal, "value"),
+    "not_equal_to": (pc.equal, "value"),
+}
 
 
 @dataclass(frozen=True)
@@ -35,18 +44,9 @@ class ArrowRule:
         s = dict(self.statistics)
         if self.check == NOT_NULLABLE:
             return pc.is_null(values)
-        if self.check == "greater_than_or_equal_to":
-            return pc.less(values, s["min_value"])
-        if self.check == "greater_than":
-            return pc.less_equal(values, s["min_value"])
-        if self.check == "less_than_or_equal_to":
-            return pc.greater(values, s["max_value"])
-        if self.check == "less_than":
-            return pc.greater_equal(values, s["max_value"])
-        if self.check == "equal_to":
-            return pc.not_equal(values, s["value"])
-        if self.check == "not_equal_to":
-            return pc.equal(values, s["value"])
+        if self.check in _COMPARED:
+            breaks, statistic = _COMPARED[self.check]
+            return breaks(values, s[statistic])
         if self.check in ("isin", "notin"):
             listed = s["allowed_values"] if self.check == "isin" else s["forbidden_values"]
             found = pc.is_in(values, value_set=pa.array(list(listed), type=values.type))
