@@ -158,10 +158,16 @@ class StepTables:
         region universe the step goes on with), computed by that job too, with no read-back of the
         staged files; ``observed(table)`` returns them by name, as Spark computed them.
         """
+        struct = struct_for(table)
+        validation = TableValidation(model_for(table))
+        aggregates = (
+            validation.aggregates(struct)
+            + [c.alias(f"{OBSERVED_PREFIX}{n}") for n, c in (observe or {}).items()]
+        )
         return self._checked(
-            table, lambda aggregates: self.store.stage(self.spark, df, table, self.snapshot_id, struct_for(table),
-                                                       observe=aggregates),
-            extra_metadata, observe,
+            table, validation,
+            lambda: self.store.stage(self.spark, df, table, self.snapshot_id, struct, observe=aggregates),
+            extra_metadata,
         )
 
     def arrow_stage(self, table: str) -> ArrowStage:
@@ -180,28 +186,22 @@ class StepTables:
         self._pending.pop(stage.table, None)
         validation = TableValidation(model_for(stage.table))
 
-        def staging(aggregates: list[Column]) -> StagedWrite:
+        def staging() -> StagedWrite:
             staged = self.store.stage_arrow(stage, struct_for(stage.table))
             return replace(staged, metrics=validation.arrow_metrics(staged.row_count, staged.metrics["rule_counts"]))
 
-        return self._checked(stage.table, staging, extra_metadata, None)
+        return self._checked(stage.table, validation, staging, extra_metadata)
 
     def _checked(
-        self, table: str, staging: Callable[[list[Column]], StagedWrite], extra_metadata: dict[str, Any] | None,
-        observe: dict[str, Column] | None,
+        self, table: str, validation: TableValidation, staging: Callable[[], StagedWrite],
+        extra_metadata: dict[str, Any] | None,
     ) -> StagedWrite:
-        """Stage ``table`` by ``staging`` (given the aggregates to compute) and judge its schema rules' counts."""
-        struct = struct_for(table)
-        validation = TableValidation(model_for(table))
+        """Stage ``table`` by ``staging`` (which computes the counts of ``validation``'s rules) and judge them."""
         started = time.perf_counter()
-        aggregates = (
-            validation.aggregates(struct)
-            + [c.alias(f"{OBSERVED_PREFIX}{n}") for n, c in (observe or {}).items()]
-        )
-        staged = staging(aggregates)
+        staged = staging()
         self._staged[table] = _Staged(
             staged=staged,
-            violations=validation.violations(struct, staged.metrics),
+            violations=validation.violations(struct_for(table), staged.metrics),
             stage_seconds=round(time.perf_counter() - started, 2),
             rules=len(validation.rules),
             extra_metadata=dict(extra_metadata or {}),
@@ -210,17 +210,10 @@ class StepTables:
 
     def stage_empty(self, table: str, extra_metadata: dict[str, Any] | None = None) -> StagedWrite:
         """Stage ``table`` with no rows, known empty beforehand: no Spark job, nothing for a data rule to fail."""
-        struct = struct_for(table)
-        validation = TableValidation(model_for(table))
-        staged = self.store.stage_empty(table, self.snapshot_id, struct)
-        self._staged[table] = _Staged(
-            staged=staged,
-            violations=validation.violations(struct, {}),
-            stage_seconds=0.0,
-            rules=len(validation.rules),
-            extra_metadata=dict(extra_metadata or {}),
+        return self._checked(
+            table, TableValidation(model_for(table)),
+            lambda: self.store.stage_empty(table, self.snapshot_id, struct_for(table)), extra_metadata,
         )
-        return staged
 
     def observed(self, table: str) -> dict[str, Any]:
         """The ``observe`` aggregates given to ``stage`` for ``table``, as computed by the job that wrote it."""

@@ -24,7 +24,7 @@ They leave the pass as ``map<string,bigint>`` again, keys in region order.
 
 ``stream_rows`` is the pass on Arrow (no Spark: testable and callable on the driver);
 ``stream_pass`` applies it to a frame: in Spark's Python workers after one exchange by stream,
-or, for a few rows (``DRIVER_MAX_ROWS``), once on the driver with no worker to start. The
+or, for a few rows (``DRIVER_MAX_ROWS``, or ``REPLICA_LENS_DRIVER_MAX_ROWS``), once on the driver. The
 tables ``heartbeat_segments``, ``heartbeat_segment_summary`` (one row per segment, made with its
 rows), ``reconstructed_watermarks`` and ``stream_anomalies`` are selections of its output
 (``segment_rows``, ``summary_rows``, ``watermark_rows``, ``anomaly_rows``).
