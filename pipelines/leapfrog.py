@@ -90,7 +90,7 @@ from pipelines.state.carry import kept_where_gapped
 from pipelines.state.rows import LAST_VERSION_COLUMNS
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
-from resources.tuning import DRIVER_MAX_ROWS, on_driver  # noqa: F401 (DRIVER_MAX_ROWS: the default, for callers)
+from resources.tuning import on_driver
 from schemas.conform import conform, local_batches, local_frame
 from schemas.raw import VECTOR
 from schemas.divergence import DivergenceReports, DivergenceSummary
@@ -501,11 +501,11 @@ def _replica_partition_ids(spark, layout: ComparisonLayout) -> DataFrame:
     return local_frame(spark, layout.replica_partitions, _REPLICA_PARTITION_IDS)
 
 
-def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame, on_driver: bool) -> DataFrame:
+def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame, driver: bool) -> DataFrame:
     """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass.
 
     ``ids``: ``_replica_partition_ids`` of ``layout``, which name each row's replica partition by number.
-    ``on_driver``: the rows are few (``DRIVER_MAX_ROWS``): collect them through Arrow and run
+    ``driver``: the rows are few (``DRIVER_MAX_ROWS``): collect them through Arrow and run
     the pass once, here, over all of them (it needs only a key's rows together, and all are),
     its output a local relation; no exchange, and no Python worker to start.
     """
@@ -525,7 +525,7 @@ def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFram
     )
     schema = compare_columns(len(regions))
     kernel = partial(compare_keys, pairs=layout.plans, region_names=tuple(regions), gaps=layout.gaps)
-    if on_driver:
+    if driver:
         return local_batches(row_watermarks.sparkSession, kernel(iter(flat.toArrow().to_batches())), schema)
     return flat.repartition("part_id", "key").mapInArrow(kernel, schema)
 

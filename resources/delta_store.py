@@ -72,8 +72,8 @@ from resources.filesystem import Location, delta_storage_options
 from resources.session import has_native_delta
 from resources.snapshots import UnsafeNameError, check_snapshot_id  # noqa: F401 (UnsafeNameError: re-exported)
 from resources.staged_files import RULE_COUNTS, ArrowStage
-from schemas.arrow_rules import ArrowRule
 from resources.tuning import DEFAULT_RETENTION_HOURS
+from schemas.arrow_rules import ArrowRule
 from schemas.conform import conform, local_frame, quoted, select_sql, sql_literal, to_arrow_schema
 
 # Commits that lose a race to a concurrent writer are retried this many times in all.
@@ -471,7 +471,7 @@ class DeltaStore(dg.ConfigurableResource):
         return ArrowStage(
             table=table, uri=uri, relative_dir=relative_dir, snapshot_id=snapshot_id,
             schema=to_arrow_schema(_without_partition(struct)), fs=folder.fs, path=folder.path,
-            dictionary_columns=dictionary_columns(struct), rules=tuple(rules), partition=(PARTITION_COLUMN, snapshot_id),
+            dictionary_columns=dictionary_columns(struct), rules=tuple(rules), partition_column=PARTITION_COLUMN,
         )
 
     def stage_arrow(self, stage: ArrowStage, struct: T.StructType) -> StagedWrite:

@@ -61,7 +61,7 @@ class ArrowStage:
     path: str  # the filesystem's path of the folder the files go to (the snapshot's, Hive-style)
     dictionary_columns: tuple[str, ...]  # columns with Parquet dictionary encoding (``parquet_options``' choice)
     rules: tuple[ArrowRule, ...] = ()  # the table's schema rules, counted on the rows as they are written
-    partition: tuple[str, str] | None = None  # (column, value): the partition column, the same on every row
+    partition_column: Optional[str] = None  # not in the files: the folder names it, ``snapshot_id`` on every row
 
     def files(self, part: int) -> "PartFile":
         """The file of task ``part`` (its partition number), opened at its first rows."""
@@ -102,7 +102,8 @@ class PartFile:
                 use_dictionary=list(self.stage.dictionary_columns) or False,
             )
         rows = pa.Table.from_batches(self._buffer)
-        constants = dict([self.stage.partition]) if self.stage.partition else None
+        partition = self.stage.partition_column
+        constants = {partition: self.stage.snapshot_id} if partition else None
         self.broken = [a + b for a, b in zip(self.broken, violations(self.stage.rules, rows, constants))]
         self._writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
         self.rows += self._buffered

@@ -14,11 +14,12 @@ import pytest
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from pipelines.leapfrog import DRIVER_MAX_ROWS, _compared, _replica_partition_ids, compare, compare_replicas, \
+from pipelines.leapfrog import _compared, _replica_partition_ids, compare, compare_replicas, \
     comparison_layout
 from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.vectors import vector_leq
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
+from resources.tuning import DRIVER_MAX_ROWS
 from schemas.divergence import DivergenceReports, DivergenceSummary
 from schemas.validation import validation_errors
 from tests.reference_leapfrog import (
@@ -370,8 +371,8 @@ def test_the_comparison_on_the_driver_gives_the_same_tables_without_python_worke
     assert rows.count() <= DRIVER_MAX_ROWS
     layout = comparison_layout(partitions)
     ids = _replica_partition_ids(rows.sparkSession, layout)
-    assert _runs_python(_compared(rows, layout, ids, on_driver=False))
-    assert not _runs_python(_compared(rows, layout, ids, on_driver=True))
+    assert _runs_python(_compared(rows, layout, ids, driver=False))
+    assert not _runs_python(_compared(rows, layout, ids, driver=True))
     on_executors = compare(rows, partitions, layout)
     on_driver = compare(rows, partitions, layout, rows=rows.count())
     for name in ("reports", "summary", "last_versions"):
