@@ -17,8 +17,10 @@ side by side with others: when the Delta log of ``replica_state`` names no other
 no state is read at all (``no_prior_state``: nothing can be continued); the written summary
 is read once, for the totals and the preview; and when it counts every key CONSISTENT the
 reports are committed empty without running their plan (it looks the witnesses' values up
-in every row). The replica state takes each key's last version per replica from the
-comparison's pass (``Comparison.last_versions``), not from another exchange of the rows.
+in every row). The comparison's pass writes the replica state's VERSION rows itself (each
+key's last version per replica, from the rows it holds anyway, as Parquet from its Arrow
+batches) and counts their checksums as it writes them; the step adds one small file of
+contexts (``write_contexts``): no exchange, checkpoint or Spark write of the state's rows.
 The Delta log's row counts bound the rows the comparison reads (``comparison_rows``): a few
 (``resources.tuning.DRIVER_MAX_ROWS``) are compared on the driver, without Python workers.
 """
@@ -35,8 +37,8 @@ from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.previews import divergence_by_pair
 from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
 from pipelines.frames import computed_once
-from pipelines.leapfrog import compare, comparison_layout
-from pipelines.state.carry import carry_over, next_state
+from pipelines.leapfrog import compare, comparison_layout, state_files
+from pipelines.state.carry import carried_versions, carry_over, write_contexts
 from pipelines.state.prior import PriorState, StateRefused, no_prior_state, prior_state, retained_states
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION
 from resources.delta_store import DeltaStore
@@ -191,8 +193,15 @@ def divergence_reports(
         layout = comparison_layout(carried_partitions)
         # The witnesses' values are looked up in the snapshot's raw rows, by position (the only read of its values).
         raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
-        comparison = compare(carried_rows, carried_partitions, layout, rows=most_rows, values=raw)
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        # The comparison's pass writes the state's VERSION rows itself (each key's last version per replica, from
+        # the rows it holds anyway), with their checksums; the contexts follow from its sums.
+        state = tables.arrow_stage(STATE)
+        comparison = compare(carried_rows, carried_partitions, layout, rows=most_rows, values=raw,
+                             state=state_files(state, layout),
+                             carried=carried_versions(prior.versions, prior.context) if prior.links else None)
+        write_contexts(state, carried_partitions, prior.context, comparison.state_sums)
+        tables.stage_arrow(state, extra_metadata=carried)
         tables.stage(comparison.summary, "divergence_summary")
         # One row per topic partition and replica pair: read once for the totals and the preview.
         summary_rows = tables.frame("divergence_summary").collect()
@@ -215,10 +224,6 @@ def divergence_reports(
                 "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(summary_rows)),
             },
         )
-        # Every key's last version per replica comes from the comparison's pass, not from another exchange of the rows.
-        state = next_state(carried_rows, carried_partitions, prior.versions, prior.context, regions=layout.regions,
-                           last_versions=comparison.last_versions)
-        tables.stage(state, STATE, extra_metadata=carried)
         # Unset, every state is kept and nothing is collected for the plan.
         dropped, retention = [], {"state_retention": "all"}
         if keep is not None:

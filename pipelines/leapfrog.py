@@ -51,10 +51,14 @@ of equal content, ⊥, the rank queries of step 2 with a few sorts and binary se
 the whole partition (never one key at a time), the first proof per key, the counts and
 last versions. It returns one row per (pair, key) seen in either replica; Spark then
 names the pairs, decides the verdicts, counts them and looks up the values of the few
-witnesses. The same pass also returns, per key and replica, the key's last version there
+witnesses. The same pass also knows, per key and replica, the key's last version there
 (with the reach of its ⊥ and its highest source offset per region): the replica state
-(``pipelines/state/carry.py``) is built from those rows (``Comparison.last_versions``) instead of
-another exchange and sort-based aggregation of every row. Written as Spark windows, joins
+(``pipelines/state/carry.py``). The audit has the pass write the state's VERSION rows itself
+(``state``: each task one Parquet file of the staged write, the carried versions the snapshot
+continues sent along with their keys' rows) and return only each replica partition's row count
+and checksum share (``pipelines/state/arrow_checksum.py``, equal to Spark's ``xxhash64``);
+without ``state`` it returns the last versions (``Comparison.last_versions``) for ``next_state``.
+Either way, no other exchange and sort-based aggregation of every row. Written as Spark windows, joins
 and aggregates instead (an ordering per region and rank problem, a full join of the two
 sides' keys, four exchanges and checkpoints), the comparison cost more (docs/performance.md,
 the levers table): Spark's window operator copies every row into each ordering's buffer. A partition's rows are held in the Python worker while it is
@@ -86,10 +90,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.state.carry import kept_where_gapped
-from pipelines.state.rows import LAST_VERSION_COLUMNS
+from pipelines.state.arrow_checksum import row_hashes
+from pipelines.state.carry import carried_versions, kept_where_gapped
+from pipelines.state.rows import LAST_VERSION_COLUMNS, VERSION, VERSION_COLUMNS
+from pipelines.stream_pass import map_vectors, task_number
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
+from resources.staged_files import ArrowStage
 from resources.tuning import on_driver
 from schemas.conform import conform, local_batches, local_frame
 from schemas.raw import VECTOR
@@ -204,7 +211,8 @@ def compare_columns(regions: int) -> T.StructType:
     vectors = [f"{v}_{s}_{r}" for s in SIDES for v in ("touch", "reach") for r in range(regions)]
     per_replica = [T.StructField("part_id", T.LongType()), T.StructField("replica_id", T.LongType())] + [
         T.StructField(f"last_{name}", data_type) for name, data_type in LAST_VERSION
-    ] + [T.StructField("last_known", T.BooleanType()), T.StructField("last_missing", T.LongType())] + [
+    ] + [T.StructField("last_known", T.BooleanType()), T.StructField("last_missing", T.LongType()),
+         T.StructField("state_rows", T.LongType()), T.StructField("state_checksum", T.LongType())] + [
         T.StructField(f"{v}_{r}", T.LongType())
         for v in ("first_lower", "touched", "last_touch", "last_reach") for r in range(regions)
     ]
@@ -253,11 +261,12 @@ class _Rows:
         self.run_end = np.append(at, n)[np.searchsorted(at, np.arange(n), side="right")] - self.first[self.group]
 
 
-def _last_versions(rows: _Rows, region_names: Sequence[str], schema: pa.Schema, gaps: bool) -> pa.RecordBatch:
+def _last_versions(rows: _Rows, region_names: Sequence[str], gaps: bool) -> tuple[dict[str, pa.Array], int]:
     """Per (topic partition, key, replica) group: its last row, ``L`` of its first row, its highest source offsets.
 
     The replica state's per-key facts (``pipelines/state/carry.py``, ``next_state``), taken from the
-    rows this pass holds anyway, where Spark would exchange and aggregate every row again.
+    rows this pass holds anyway, where Spark would exchange and aggregate every row again. The
+    columns (``compare_columns``' per-replica ones) and how many rows they hold.
     """
     first, last = rows.first, rows.end - 1
     in_table = pa.array(rows.order[last])  # the last rows' places in the table as received
@@ -285,7 +294,130 @@ def _last_versions(rows: _Rows, region_names: Sequence[str], schema: pa.Schema, 
     source_offset = rows.table["source_offset"].fill_null(MISSING).to_numpy()[rows.order]
     for r in range(len(region_names)):
         columns[f"touched_{r}"] = pa.array(np.maximum.reduceat(np.where(region == r, source_offset, MISSING), first))
-    return _batch(columns, len(first), schema)
+    return columns, len(first)
+
+
+# ------------------------------------------------------- the replica state, written by the pass
+@dataclass(frozen=True)
+class StateFiles:
+    """Where the pass writes the replica state's VERSION rows itself (``replica_state``'s staged write).
+
+    ``streams``: per replica partition, ``(part_id, replica_id, replica, topic, partition, gapped)``,
+    ``gapped`` when its stream has a gap (SPEC 3a: its last versions keep their own bounds).
+    """
+
+    stage: ArrowStage
+    streams: tuple[tuple[int, int, str, str, int, bool], ...]
+
+    @property
+    def snapshot_id(self) -> str:
+        return self.stage.snapshot_id
+
+
+def _prior_of(rows: _Rows, prior: pa.Table | None, regions: int) -> dict[str, np.ndarray] | None:
+    """Per group of ``rows``, the carried version it continues (``carried_versions``' columns), or None without any.
+
+    ``prior``: the carried versions that came with this partition's rows (``is_prior``), one per
+    (replica partition, key). Every carried version is also a data row of its key (``carry_over``), so
+    its key is among the rows'.
+    """
+    if prior is None or prior.num_rows == 0:
+        return None
+    groups = len(rows.first)
+    keys = len(rows.key_names.dictionary)
+    width = int(max(rows.replica.max(initial=0), pc.max(prior["replica_id"]).as_py() or 0)) + 1
+    # Groups are sorted by (part, key, replica): one code orders them the same way.
+    code = (rows.part[rows.first].astype(np.int64) * keys + rows.key[rows.first]) * width + rows.replica[rows.first]
+    key = pc.index_in(prior["key"], value_set=rows.key_names.dictionary)
+    known = key.is_valid().to_numpy(zero_copy_only=False)
+    wanted = (prior["part_id"].to_numpy().astype(np.int64) * keys + key.fill_null(0).to_numpy()) * width \
+        + prior["replica_id"].to_numpy()
+    at = np.minimum(np.searchsorted(code, wanted), groups - 1)
+    found = known & (code[at] == wanted)
+    group, source = at[found], np.flatnonzero(found)
+    out = {
+        "offset": np.full(groups, MISSING, np.int64),
+        "missing": np.full(groups, MISSING, np.int64),
+        "origin": np.full(groups, -1, np.int64),
+        "touch": np.full((groups, regions), MISSING, np.int64),
+    }
+    out["offset"][group] = prior["prior_offset"].to_numpy()[source]
+    out["missing"][group] = prior["prior_missing"].fill_null(MISSING).to_numpy()[source]
+    out["origin"][group] = source
+    for r in range(regions):
+        out["touch"][group, r] = prior[f"prior_touch_{r}"].to_numpy()[source]
+    out["origin_names"] = prior["prior_origin"]
+    return out
+
+
+def _state_versions(
+    columns: dict[str, pa.Array], count: int, rows: _Rows, prior: dict[str, np.ndarray] | None,
+    region_names: Sequence[str], state: StateFiles, gaps: bool,
+) -> pa.Table:
+    """The replica state's VERSION rows of these groups (``next_state``'s, from the pass's last versions)."""
+    regions = pa.array(list(region_names), pa.string())
+    width = int(max((s[1] for s in state.streams), default=0)) + 1
+    stream_of = np.full((max((s[0] for s in state.streams), default=0) + 1) * width, -1, np.int64)
+    for i, stream in enumerate(state.streams):
+        stream_of[stream[0] * width + stream[1]] = i
+    stream = stream_of[columns["part_id"].to_numpy() * width + columns["replica_id"].to_numpy()]
+    names = {c: pa.array([s[k] for s in state.streams], t).take(pa.array(stream))
+             for c, k, t in (("replica", 2, pa.string()), ("topic", 3, pa.string()), ("partition", 4, pa.int32()))}
+    gapped = np.array([s[5] for s in state.streams], dtype=bool)[stream] if gaps else np.zeros(count, bool)
+    offset = columns["last_offset"].to_numpy()
+    touched = np.stack([columns[f"touched_{r}"].to_numpy() for r in range(len(region_names))], axis=1) \
+        if region_names else np.empty((count, 0), np.int64)
+    carried = np.zeros(count, bool)
+    origin = pa.array(np.full(count, state.snapshot_id, dtype=object), pa.string())
+    missing = np.where(gapped, columns["last_missing"].to_numpy(), MISSING) if gaps else np.full(count, MISSING)
+    if prior is not None:
+        touched = np.maximum(touched, prior["touch"])  # key_touch: the carried version's, and this snapshot's
+        carried = offset == prior["offset"]
+        origin = pc.if_else(pa.array(carried), prior["origin_names"].take(pa.array(np.maximum(prior["origin"], 0))),
+                            origin)
+        missing = np.where(carried, prior["missing"], missing)
+
+    def dense(prefix: str) -> np.ndarray:
+        return np.stack([columns[f"{prefix}_{r}"].to_numpy() for r in range(len(region_names))], axis=1) \
+            if region_names else np.empty((count, 0), np.int64)
+
+    out = {
+        **names,
+        "row_kind": pa.array(np.full(count, VERSION, dtype=object), pa.string()),
+        "key": columns["key"],
+        "offset": columns["last_offset"],
+        "kind": columns["last_kind"],
+        "value_hash": columns["last_value_hash"],
+        "source_region": columns["last_source_region"],
+        "source_offset": columns["last_source_offset"],
+        "write_ts": columns["last_write_ts"],
+        "key_touch": map_vectors(touched, None, regions),
+        "first_lower_bound": map_vectors(dense("first_lower"), None, regions),
+        "origin_snapshot_id": origin,
+        # A last version keeps its own bounds only where its stream has a gap (``kept_where_gapped``).
+        "touch_bound": map_vectors(dense("last_touch"), gapped & columns["last_known"].to_numpy(zero_copy_only=False),
+                                   regions) if gaps else None,
+        "reach": map_vectors(dense("last_reach"), gapped, regions) if gaps else None,
+        "missing_before": pa.array(missing, pa.int64(), mask=~(missing > 0)),
+    }
+    schema = state.stage.schema
+    return pa.table([out[f.name].cast(f.type) if out.get(f.name) is not None else pa.nulls(count, f.type)
+                     for f in schema], schema=schema)
+
+
+def _state_sums(versions: pa.Table, columns: dict[str, pa.Array], schema: pa.Schema) -> pa.RecordBatch:
+    """Per replica partition among ``versions``: its rows and its share of the checksum (summed on the driver)."""
+    hashes = row_hashes(versions, VERSION_COLUMNS)
+    part, replica = columns["part_id"].to_numpy(), columns["replica_id"].to_numpy()
+    order = np.lexsort((replica, part))
+    part, replica, hashes = part[order], replica[order], hashes[order]
+    starts = np.flatnonzero(np.r_[True, (part[1:] != part[:-1]) | (replica[1:] != replica[:-1])])
+    sums = np.add.reduceat(hashes, starts, dtype=np.uint64).view(np.int64)
+    return _batch({
+        "part_id": pa.array(part[starts]), "replica_id": pa.array(replica[starts]),
+        "state_rows": pa.array(np.diff(np.append(starts, len(part))).astype(np.int64)),
+        "state_checksum": pa.array(sums),
+    }, len(starts), schema)
 
 
 def _batch(columns: dict[str, pa.Array], count: int, schema: pa.Schema) -> pa.RecordBatch:
@@ -393,27 +525,51 @@ def _compare_pair(rows: _Rows, plan: PairPlan, schema: pa.Schema) -> pa.RecordBa
 
 
 def compare_keys(
-    batches: Iterator[pa.RecordBatch], pairs: Sequence[PairPlan], region_names: Sequence[str], gaps: bool = False
+    batches: Iterator[pa.RecordBatch], pairs: Sequence[PairPlan], region_names: Sequence[str], gaps: bool = False,
+    state: StateFiles | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Steps 1-5 for every pair and key of one Spark partition (all rows of a key in a topic partition are here).
 
     Input rows: every data row, ``part_id, replica_id, key, offset, token, known`` (``U``
-    known), ``missing`` (positions missing before the row in its dump), dense ``u_r``, ``m_r``, ``l_r`` (``U``, ``M``, and the reach ⊥ would have if the row were its
-    key's first: ``L``, or ``L`` at the dump's first gap when a gap lies before the row; one column per region of
-    ``region_names``) and the columns of ``_PAYLOAD``. Output: ``compare_columns``, one row
-    per (pair, key) either replica of the pair holds here, and one per (key, replica) with
-    the key's last version there (for the replica state).
+    known), ``missing`` (positions missing before the row in its dump), dense ``u_r``, ``m_r``, ``l_r`` (``U``, ``M``,
+    and the reach ⊥ would have if the row were its key's first: ``L``, or ``L`` at the dump's first gap when a gap
+    lies before the row; one column per region of ``region_names``) and the columns of ``_PAYLOAD``; with ``state``,
+    also the carried versions the snapshot continues (``is_prior``, ``_prior_rows``). Output: ``compare_columns``,
+    one row per (pair, key) either replica of the pair holds here, and one per (key, replica) with the key's last
+    version there (for the replica state).
+
+    ``state``: the pass writes the replica state's VERSION rows itself instead (``StateFiles``, as
+    ``next_state`` makes them), one file per task, and returns per replica partition only its rows and
+    its share of the checksum (``state_rows``, ``state_checksum``). The file is in place once the
+    returned iterator is exhausted.
     """
     regions = len(region_names)
     received = list(batches)
     if not received:
         return
     table = pa.Table.from_batches(received).combine_chunks()
+    prior = None
+    if "is_prior" in table.column_names:
+        is_prior = table["is_prior"].fill_null(False)
+        prior, table = table.filter(is_prior).combine_chunks(), table.filter(pc.invert(is_prior)).combine_chunks()
     if table.num_rows == 0:
         return
     schema = pa.schema([pa.field(f.name, _ARROW[type(f.dataType)]) for f in compare_columns(regions).fields])
     rows = _Rows(table, regions)
-    yield _last_versions(rows, region_names, schema, gaps)
+    columns, count = _last_versions(rows, region_names, gaps)
+    if state is None:
+        yield _batch(columns, count, schema)
+    else:
+        file = state.stage.files(task_number())
+        try:
+            versions = _state_versions(columns, count, rows, _prior_of(rows, prior, regions), region_names, state, gaps)
+            for batch in versions.to_batches():
+                file.write(batch)
+            file.close()
+        except BaseException:
+            file.abort()
+            raise
+        yield _state_sums(versions, columns, schema)
     present = set(np.unique(rows.part[rows.first]).tolist())
     for plan in pairs:
         if plan.part_id in present:
@@ -501,13 +657,18 @@ def _replica_partition_ids(spark, layout: ComparisonLayout) -> DataFrame:
     return local_frame(spark, layout.replica_partitions, _REPLICA_PARTITION_IDS)
 
 
-def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame, driver: bool) -> DataFrame:
+def _compared(
+    row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame, driver: bool,
+    state: StateFiles | None = None, carried: DataFrame | None = None,
+) -> DataFrame:
     """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass.
 
     ``ids``: ``_replica_partition_ids`` of ``layout``, which name each row's replica partition by number.
     ``driver``: the rows are few (``DRIVER_MAX_ROWS``): collect them through Arrow and run
     the pass once, here, over all of them (it needs only a key's rows together, and all are),
     its output a local relation; no exchange, and no Python worker to start.
+    ``state``: the pass writes the replica state's VERSION rows (``compare_keys``); ``carried``: the
+    carried versions it continues (``pipelines.state.carry.carried_versions``), sent with their keys' rows.
     """
     regions = layout.regions
     # ⊥'s reach stops at the dump's first gap (SPEC 3a): a row after it gives that gap's L, not its own.
@@ -523,11 +684,23 @@ def _compared(row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFram
           for v in dense_of for r in range(len(regions))],
         *_PAYLOAD,
     )
+    if state is not None and carried is not None:
+        flat = flat.unionByName(_prior_rows(carried, ids, regions), allowMissingColumns=True)
     schema = compare_columns(len(regions))
-    kernel = partial(compare_keys, pairs=layout.plans, region_names=tuple(regions), gaps=layout.gaps)
+    kernel = partial(compare_keys, pairs=layout.plans, region_names=tuple(regions), gaps=layout.gaps, state=state)
     if driver:
         return local_batches(row_watermarks.sparkSession, kernel(iter(flat.toArrow().to_batches())), schema)
     return flat.repartition("part_id", "key").mapInArrow(kernel, schema)
+
+
+def _prior_rows(carried: DataFrame, ids: DataFrame, regions: Sequence[str]) -> DataFrame:
+    """The carried versions as rows of the pass's input (``is_prior``): its ids, key, and what the state keeps."""
+    touch = dense(F.col("prior_touch"), regions)
+    return carried.join(F.broadcast(ids.drop("snapshot_id")), on=list(REPLICA_PARTITION[1:]), how="inner").select(
+        "part_id", "replica_id", "key", F.lit(True).alias("is_prior"), "prior_offset", "prior_origin",
+        "prior_missing",
+        *[F.coalesce(touch[r], F.lit(MISSING).cast(T.LongType())).alias(f"prior_touch_{r}") for r in range(len(regions))],
+    )
 
 
 def _verdicts(compared: DataFrame, pairs: DataFrame, regions: list[str]) -> DataFrame:
@@ -637,17 +810,28 @@ class Comparison:
     version's ``LAST_VERSION`` columns, its ``touch_bound``, ``reach`` and ``missing_before``,
     ``first_lower_bound`` (the reach of ⊥: ``L`` of the key's first row, or ``L`` at the first
     gap before it) and ``touched`` (the highest ``source_offset`` per region of the key's rows), which
-    ``pipelines.state.carry.next_state`` turns into the replica state.
+    ``pipelines.state.carry.next_state`` turns into the replica state. None when the pass wrote the
+    state's VERSION rows itself (``state``): then ``state_sums`` gives, per replica partition, the rows
+    it wrote and their checksum (``state_rows``, ``state_checksum``), which the contexts keep.
     """
 
     reports: DataFrame
     summary: DataFrame
-    last_versions: DataFrame
+    last_versions: DataFrame | None
+    state_sums: DataFrame | None = None
+
+
+def state_files(stage: ArrowStage, layout: ComparisonLayout) -> StateFiles:
+    """Where the pass writes the replica state's VERSION rows, and the replica partitions it names."""
+    return StateFiles(stage, tuple(
+        (part_id, replica_id, replica, topic, partition, gap is not None)
+        for _, replica, topic, partition, part_id, replica_id, gap in layout.replica_partitions
+    ))
 
 
 def compare(
     row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None, rows: int | None = None,
-    values: DataFrame | None = None,
+    values: DataFrame | None = None, state: StateFiles | None = None, carried: DataFrame | None = None,
 ) -> Comparison:
     """Leap Frog over every replica pair, and every key's last version per replica, from one pass.
 
@@ -657,30 +841,39 @@ def compare(
     ``rows``: at most how many rows ``row_watermarks`` holds, when the caller knows (the Delta
     log does); at most ``DRIVER_MAX_ROWS`` the pass runs on the driver. ``values``: the snapshot's
     ``raw_topic_snapshots`` rows, where the witnesses' values are looked up (``_with_values``).
+    ``state``: the pass writes the replica state's VERSION rows there (``state_files``), the rows
+    ``next_state`` makes of ``last_versions`` and ``carried`` (``carried_versions`` of the prior state;
+    None: nothing carried); they are written when this returns.
     """
     layout = comparison_layout(partition_wm) if layout is None else layout
     spark = row_watermarks.sparkSession
     pairs = local_frame(spark, layout.pairs, _PAIRS)
     ids = _replica_partition_ids(spark, layout)
     driver = on_driver(rows)
-    compared = _compared(row_watermarks, layout, ids, driver)
+    compared = _compared(row_watermarks, layout, ids, driver, state, carried)
     compared = compared if driver else computed_once(compared)
     per_pair = compared.where(F.col("pair_id").isNotNull())
     verdicts = _verdicts(per_pair, pairs, layout.regions)
     reports = _with_values(verdicts.where(F.col("verdict") != "CONSISTENT"), values)
     regions = layout.regions
-    last_versions = compared.where(F.col("pair_id").isNull()).join(
+    per_replica = compared.where(F.col("pair_id").isNull()).join(
         F.broadcast(ids), on=["part_id", "replica_id"], how="inner"
-    ).select(
-        *REPLICA_PARTITION, "key", *[F.col(f"last_{name}").alias(name) for name, _ in LAST_VERSION],
-        sparse([F.col(f"first_lower_{r}") for r in range(len(regions))], regions).alias("first_lower_bound"),
-        sparse([F.col(f"touched_{r}") for r in range(len(regions))], regions).alias("touched"),
-        *_gap_bounds(regions, layout.gaps),
     )
+    last_versions = state_sums = None
+    if state is None:
+        last_versions = per_replica.select(
+            *REPLICA_PARTITION, "key", *[F.col(f"last_{name}").alias(name) for name, _ in LAST_VERSION],
+            sparse([F.col(f"first_lower_{r}") for r in range(len(regions))], regions).alias("first_lower_bound"),
+            sparse([F.col(f"touched_{r}") for r in range(len(regions))], regions).alias("touched"),
+            *_gap_bounds(regions, layout.gaps),
+        )
+    else:
+        state_sums = per_replica.select(*REPLICA_PARTITION, "state_rows", "state_checksum")
     return Comparison(
         reports=conform(reports, DivergenceReports.to_structtype()),
         summary=conform(_summary(pairs, verdicts), DivergenceSummary.to_structtype()),
         last_versions=last_versions,
+        state_sums=state_sums,
     )
 
 

@@ -159,7 +159,7 @@ def _int_column(column: pa.ChunkedArray | pa.Array, none=_NONE) -> np.ndarray:
     return np.asarray(pc.fill_null(column.cast(pa.int64()), none).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _vectors(dense: np.ndarray, valid: np.ndarray | None, regions: pa.Array) -> pa.MapArray:
+def map_vectors(dense: np.ndarray, valid: np.ndarray | None, regions: pa.Array) -> pa.MapArray:
     """The dense vectors (rows, regions) as a map array: components below 0 left out, invalid rows null."""
     n, width = dense.shape
     present = dense >= 0
@@ -386,11 +386,11 @@ def _stream_batch(s: _Stream, rows: np.ndarray, seg: dict[str, np.ndarray], sche
     out.update(
         segment=pa.array(seg["segment"][rows], pa.int64()),
         opening_offset=_nullable(_taken(s.offset, opening)),
-        baseline_vector=_vectors(seg["contribution"][np.maximum(opening, 0)], opened, regions),
+        baseline_vector=map_vectors(seg["contribution"][np.maximum(opening, 0)], opened, regions),
         opening_applied_ts_min_ms=at_opening("applied_ts_min_ms"),
         opening_applied_ts_max_ms=at_opening("applied_ts_max_ms"),
-        contribution=_vectors(seg["contribution"][rows], None, regions),
-        applied_lower_bound=_vectors(seg["applied_lower_bound"][rows], None, regions),
+        contribution=map_vectors(seg["contribution"][rows], None, regions),
+        applied_lower_bound=map_vectors(seg["applied_lower_bound"][rows], None, regions),
         resolved_ts_ms=_nullable(seg["resolved_ts_ms"][rows]),
         gap_before=pa.array(seg["gap_before"][rows], pa.int64()),
         gap_start=_nullable(seg["gap_start"][rows]),
@@ -402,8 +402,8 @@ def _stream_batch(s: _Stream, rows: np.ndarray, seg: dict[str, np.ndarray], sche
     is_data = np.zeros(count, dtype=bool)
     touch_known = np.zeros(count, dtype=bool)
     touch_full[data], reach_full[data], is_data[data], touch_known[data] = touch, reach, True, known
-    out["touch_bound"] = _vectors(touch_full, touch_known, regions)
-    out["reach"] = _vectors(reach_full, is_data, regions)
+    out["touch_bound"] = map_vectors(touch_full, touch_known, regions)
+    out["reach"] = map_vectors(reach_full, is_data, regions)
     for name in (*ANOMALY_COLUMNS, SUMMARY):
         out[name] = pa.nulls(count, schema.field(name).type)
     return pa.RecordBatch.from_arrays([out[f.name] for f in schema], schema=schema)
@@ -452,7 +452,7 @@ def _summary_batch(
         "other_rows": pa.array(rows_in - counts["PUT"] - counts["DELETE"] - counts["HEARTBEAT"], pa.int64()),
         "first_kind": of_rows("kind", first),
         "opening_has_vector": pa.array((opening >= 0) & (s.is_hb & s.hb_valid)[np.maximum(opening, 0)]),
-        "closing_watermark": _vectors(seg["applied"][rows[last]], None, s.regions),
+        "closing_watermark": map_vectors(seg["applied"][rows[last]], None, s.regions),
         "gaps": pa.array(per_segment(at_gap), pa.int64()),
         "gap_positions": pa.array(np.add.reduceat(gap_before, first), pa.int64()),
         "first_gap_offset": of_rows("gap_start", first_gap),
@@ -678,7 +678,7 @@ def stream_rows(
     in place once the returned iterator is exhausted.
     """
     schema = to_arrow_schema(OUTPUT_STRUCT)
-    files = {table: stage.files(_task_number()) for table, stage in (written or {}).items()}
+    files = {table: stage.files(task_number()) for table, stage in (written or {}).items()}
     try:
         for stream in _streams(batches):
             for are_rows, batch in _stream_batches(stream, schema, bounds):
@@ -699,7 +699,7 @@ def stream_rows(
         raise
 
 
-def _task_number() -> int:
+def task_number() -> int:
     """The partition this Spark task computes (its files are named by it), 0 outside a task (on the driver)."""
     from pyspark import TaskContext
 
@@ -723,8 +723,8 @@ def segment_watermarks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordB
         taken = pa.array(data)
         out = {f.name: table[f.name].take(taken).combine_chunks() for f in _WATERMARK_STRUCT.fields
                if f.name not in ("touch_bound", "reach")}
-        out["touch_bound"] = _vectors(touch, known, s.regions)
-        out["reach"] = _vectors(reach, None, s.regions)
+        out["touch_bound"] = map_vectors(touch, known, s.regions)
+        out["reach"] = map_vectors(reach, None, s.regions)
         if len(data):
             yield pa.RecordBatch.from_arrays([out[f.name] for f in schema], schema=schema)
 

@@ -95,6 +95,8 @@ DISTINCT_STRING_PREFIXES = ("witness_", "last_hash_")
 
 # Columns that hold the input's values, of any size (raw text included).
 VALUE_COLUMNS = ("value", "raw", "witness_value_a", "witness_value_b")
+# Value columns that a table keeps for rows written by earlier versions only: new rows leave them null.
+NULL_VALUE_COLUMNS = {"replica_state": ("value",)}
 
 
 def parquet_options(struct: T.StructType) -> dict[str, str]:
@@ -460,10 +462,12 @@ class DeltaStore(dg.ConfigurableResource):
         dictionaries for repeating strings); each counts the rows breaking each of ``rules`` as it
         writes them. Once every task has written, ``stage_arrow`` makes it a ``StagedWrite`` like any
         other. Not for tables holding values (``VALUE_COLUMNS``), whose pages Spark's writer bounds
-        row by row.
+        row by row; a value column that new rows leave null (``NULL_VALUE_COLUMNS``) is refused any
+        value by the files (``ArrowStage.null_columns``).
         """
         check_snapshot_id(snapshot_id)
-        if any(f.name in VALUE_COLUMNS for f in struct.fields):
+        nulls = NULL_VALUE_COLUMNS.get(table, ())
+        if any(f.name in VALUE_COLUMNS and f.name not in nulls for f in struct.fields):
             raise ValueError(f"{table} holds values: stage it with Spark's writer (DeltaStore.stage)")
         relative_dir = f"write-{uuid.uuid4().hex}"
         uri = self.table_uri(table)
@@ -472,6 +476,7 @@ class DeltaStore(dg.ConfigurableResource):
             table=table, uri=uri, relative_dir=relative_dir, snapshot_id=snapshot_id,
             schema=to_arrow_schema(_without_partition(struct)), fs=folder.fs, path=folder.path,
             dictionary_columns=dictionary_columns(struct), rules=tuple(rules), partition_column=PARTITION_COLUMN,
+            null_columns=tuple(nulls),
         )
 
     def stage_arrow(self, stage: ArrowStage, struct: T.StructType) -> StagedWrite:

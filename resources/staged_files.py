@@ -62,20 +62,27 @@ class ArrowStage:
     dictionary_columns: tuple[str, ...]  # columns with Parquet dictionary encoding (``parquet_options``' choice)
     rules: tuple[ArrowRule, ...] = ()  # the table's schema rules, counted on the rows as they are written
     partition_column: Optional[str] = None  # not in the files: the folder names it, ``snapshot_id`` on every row
+    null_columns: tuple[str, ...] = ()  # columns every row leaves null (a value column kept for older rows)
 
-    def files(self, part: int) -> "PartFile":
-        """The file of task ``part`` (its partition number), opened at its first rows."""
-        return PartFile(self, part)
+    def files(self, part: int, name: Optional[str] = None) -> "PartFile":
+        """The file of task ``part`` (its partition number), opened at its first rows.
+
+        ``name``: a file the driver writes beside the tasks' (``<name>.parquet``, never a task's name).
+        """
+        return PartFile(self, part, name)
 
 
 class PartFile:
     """One task's file of an ``ArrowStage``: batches in, one Parquet file out when closed (none without rows)."""
 
-    def __init__(self, stage: ArrowStage, part: int):
+    def __init__(self, stage: ArrowStage, part: int, name: Optional[str] = None):
         self.stage = stage
-        self.final = f"{stage.path}/part-{part:05d}.parquet"
+        base = f"part-{part:05d}" if name is None else name
+        if name is not None and name.startswith("part-"):
+            raise ValueError(f"{name!r}: part-NNNNN names are the tasks' files")
+        self.final = f"{stage.path}/{base}.parquet"
         # Hidden (a leading "."): never read as a table's file, and removed by the commit's listing if left behind.
-        self.temporary = f"{stage.path}/.part-{part:05d}-{uuid.uuid4().hex}.parquet.tmp"
+        self.temporary = f"{stage.path}/.{base}-{uuid.uuid4().hex}.parquet.tmp"
         self.rows = 0
         self.broken = [0] * len(stage.rules)  # per rule, the rows written that break it
         self._buffer: list[pa.RecordBatch] = []
@@ -87,6 +94,9 @@ class PartFile:
         if not batch.num_rows:
             return
         schema = self.stage.schema
+        for name in self.stage.null_columns:
+            if batch.column(name).null_count != batch.num_rows:
+                raise ValueError(f"{self.stage.table}.{name} must be null in the rows written here (it holds values)")
         self._buffer.append(pa.RecordBatch.from_arrays([batch.column(name) for name in schema.names], schema=schema))
         self._buffered += batch.num_rows
         if self._buffered >= ROW_GROUP_ROWS:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -30,28 +31,30 @@ from explain.carried import Stream, continue_stream
 from explain.document import ReplicaInput, explain, witness_versions
 from explain.reading import explain_key, input_of
 from explain.text import render_text
-from pipelines.leapfrog import compare, compare_replicas
+from pipelines.leapfrog import compare, compare_replicas, comparison_layout, state_files
 from pipelines.segments import annotate_segments, summarize_segments
 from pipelines.state.carry import (
     CONTEXT,
     VERSION,
     PriorState,
     StateRefused,
+    carried_versions,
     carry_over,
     context_problems,
     next_state,
     predecessors,
     no_prior_state,
     prior_state,
+    write_contexts,
 )
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from replica_lens.audit import run_audit
 from replica_lens.jobs import AUDIT_JOB
 from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
-from schemas.registry import struct_for
+from schemas.registry import model_for, struct_for
 from schemas.state import ReplicaState
-from schemas.validation import validation_errors
+from schemas.validation import TableValidation, validation_errors
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 from tests.reference_leapfrog import compare_key, dumps_of, heartbeat, put, reference_verdicts, sop, stream
 from tests.rows import raw_frame, value_hash
@@ -165,14 +168,31 @@ def audit(
     prior = prior_state(state if state is not None else no_state(spark), part_wm, snapshot_id, every_raw)
     carried_rows, carried_parts = carry_over(row_wm, part_wm, prior.versions, prior.context)
     carried_rows = carried_rows.localCheckpoint(eager=True)
-    # As the asset runs it: the state's last versions come from the comparison's pass.
-    comparison = compare(carried_rows, carried_parts)
+    # As the asset runs it: the comparison's pass writes the state's VERSION rows, the contexts follow from its sums.
+    comparison, after = compared_with_state(spark, carried_rows, carried_parts, prior, snapshot_id)
     reports, summary = comparison.reports, comparison.summary
-    after = next_state(carried_rows, carried_parts, prior.versions, prior.context,
-                       last_versions=comparison.last_versions).localCheckpoint(eager=True)
     return Audit(reports=[r.asDict() for r in reports.collect()], summary=[r.asDict() for r in summary.collect()],
                  row_wm=row_wm, part_wm=part_wm, prior=prior, rows=carried_rows, parts=carried_parts, state=after,
                  raw=own_raw)
+
+
+def compared_with_state(spark, rows: DataFrame, parts: DataFrame, prior: PriorState, snapshot_id: str,
+                        count: int | None = None):
+    """The comparison with the state written by its pass, as the divergence asset runs it: (comparison, state rows).
+
+    ``count``: the rows' count, to run the pass on the driver (None: in Spark's Python workers).
+    """
+    store = DeltaStore(warehouse_root=tempfile.mkdtemp(prefix="state-"), engine="embedded")
+    table = "replica_state"
+    stage_ = store.arrow_stage(table, snapshot_id, struct_for(table), TableValidation(model_for(table)).arrow_rules())
+    layout = comparison_layout(parts)
+    comparison = compare(rows, parts, layout, rows=count, state=state_files(stage_, layout),
+                         carried=carried_versions(prior.versions, prior.context) if prior.links else None)
+    write_contexts(stage_, parts, prior.context, comparison.state_sums)
+    staged = store.stage_arrow(stage_, struct_for(table))
+    assert staged.metrics["rule_counts"] == [0] * len(stage_.rules)
+    written = store.read_staged(spark, staged).select(*[f.name for f in ReplicaState.to_structtype().fields])
+    return comparison, written.localCheckpoint(eager=True)
 
 
 @dataclass
@@ -210,19 +230,25 @@ def state_rows(state: DataFrame) -> list[tuple]:
     )
 
 
-def test_the_state_from_the_comparisons_pass_is_the_state_spark_aggregates(spark, audits):
+def test_the_state_the_comparisons_pass_writes_is_the_state_spark_aggregates(spark, audits):
     """Every state row (last versions, carried ones included, and contexts with their checksums) is the
-    same whether each key's last version comes from the comparison's pass (as the asset does) or from
-    Spark's aggregation of the rows (``last_versions_of``).
+    same whether the comparison's pass writes it (as the asset does, on the driver or in Spark's
+    Python workers) or Spark aggregates the rows (``next_state`` with ``last_versions_of``).
 
     Bug caught: the pass taking a key's first row for its last (or the reverse), a payload column
     taken from another row (the rows are sorted in the pass, the payload is not), a region's
     highest source offset lost or put under another region, a lone replica partition (no pair to
-    compare) left out of the state, or ``L`` of a carried key's first row not being the stored one.
+    compare) left out of the state, ``L`` of a carried key's first row not being the stored one, a
+    carried version matched to another key or replica (its origin, ``key_touch`` or ``missing_before``
+    wrong), a task's checksum share differing from Spark's ``xxhash64``, or the tasks' shares summed
+    other than modulo 2^64.
     """
     for audited in (audits.s1, audits.s2, audits.s3):
         aggregated = next_state(audited.rows, audited.parts, audited.prior.versions, audited.prior.context)
         assert state_rows(audited.state) == state_rows(aggregated)
+        _, on_driver = compared_with_state(spark, audited.rows, audited.parts, audited.prior,
+                                           audited.state.first()["snapshot_id"], count=audited.rows.count())
+        assert state_rows(on_driver) == state_rows(aggregated)
 
 
 def topic_rows(df: DataFrame, topic: str) -> list[dict]:

@@ -73,6 +73,36 @@ def test_a_table_holding_values_is_not_staged_from_arrow(tmp_path):
         DeltaStore(warehouse_root=str(tmp_path)).arrow_stage("raw_topic_snapshots", "s", struct_for("raw_topic_snapshots"))
 
 
+def test_the_driver_s_file_sits_beside_the_tasks_files_under_its_own_name(tmp_path):
+    # Catches the driver's file (the replica state's contexts) written under a task's name, where it would replace
+    # that task's rows (the comparison on the driver is task 0), and a name that could collide with a task's.
+    task = _stage(tmp_path).files(0)
+    task.write(_batch([1, 2]))
+    task.close()
+    driver = _stage(tmp_path).files(0, name="contexts")
+    driver.write(_batch([3]))
+    assert driver.close() == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["contexts.parquet", "part-00000.parquet"]
+    with pytest.raises(ValueError, match="tasks' files"):
+        _stage(tmp_path).files(0, name="part-00001")
+
+
+def test_a_table_s_legacy_value_column_is_staged_from_arrow_only_while_null(tmp_path):
+    # Catches replica_state refused (its value column is kept for states written before, and new rows leave it
+    # null), and a value written into that column anyway (Spark's writer would have bounded its pages).
+    from resources.delta_store import DeltaStore
+    from schemas.registry import struct_for
+
+    stage = DeltaStore(warehouse_root=str(tmp_path)).arrow_stage("replica_state", "s", struct_for("replica_state"))
+    assert stage.null_columns == ("value",)
+    rows = {f.name: pa.nulls(1, f.type) for f in stage.schema}
+    file = stage.files(0)
+    file.write(pa.RecordBatch.from_pydict({**rows, "row_kind": pa.array(["VERSION"])}))
+    with pytest.raises(ValueError, match="value must be null"):
+        file.write(pa.RecordBatch.from_pydict({**rows, "value": pa.array(["a value"])}))
+    file.abort()
+
+
 def test_each_file_counts_the_rows_breaking_each_rule_and_the_stage_adds_them_up(tmp_path):
     # Catches rule counts lost for rows written in an earlier row group or in another task's file, counts read from
     # the wrong rule, and a file without counts (a writer that skipped them) taken for a file with none broken.

@@ -2,10 +2,14 @@
 
 - ``rows``: the rows of ``replica_state`` (each key's last version, one commit context per
   replica partition) and the checksum a context keeps of them;
+- ``arrow_checksum``: that checksum counted on Arrow rows, as the comparison's pass writes the
+  VERSION rows itself (equal to Spark's ``xxhash64``);
 - ``prior``: which state a snapshot continues (the predecessor rule), checked and verified, and
   which states are kept (retention);
 - ``carry``: what the divergence stage does with it: ``carry_over`` continues a snapshot's
-  watermarks from the state it continues, ``next_state`` builds the state after it.
+  watermarks from the state it continues, ``next_state`` builds the state after it (Spark's
+  way; the audit has the comparison's pass write the VERSION rows and adds the contexts with
+  ``write_contexts``).
 
 docs/incremental.md is the user's side of all this.
 """

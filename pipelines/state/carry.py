@@ -54,6 +54,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
+from pipelines.state.arrow_checksum import signed
 from pipelines.state.prior import (
     MAX_LISTED,
     PROBLEMS,
@@ -79,7 +80,8 @@ from pipelines.state.rows import (
 )
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import partition_regions, running_max_single, sparse, vector_max
-from schemas.conform import conform
+from resources.staged_files import ArrowStage
+from schemas.conform import conform, local_frame
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
@@ -95,6 +97,7 @@ __all__ = [
     "VERSION_COLUMNS",
     "PriorState",
     "StateRefused",
+    "carried_versions",
     "carry_over",
     "checksum",
     "context_problems",
@@ -106,7 +109,9 @@ __all__ = [
     "predecessors",
     "prior_state",
     "retained_states",
+    "state_contexts",
     "version_hash",
+    "write_contexts",
 ]
 
 
@@ -297,6 +302,25 @@ def _positive(count: Column) -> Column:
     return F.when(count > 0, count)
 
 
+def carried_versions(prior_versions: DataFrame, prior_context: DataFrame) -> DataFrame:
+    """The carried versions the state after S continues: per replica partition and key, what the state kept.
+
+    Only the VERSION rows of each replica partition's chosen context (``prior_context``). Columns:
+    ``replica``, ``topic``, ``partition``, ``key``, ``prior_offset``, ``prior_touch`` (its
+    ``key_touch``), ``prior_origin`` (its ``origin_snapshot_id``), ``prior_missing``.
+    """
+    rp = list(REPLICA_PARTITION)
+    ctx = prior_context.where(F.col("row_kind") == CONTEXT).select(F.col("snapshot_id").alias("previous_snapshot_id"), *rp)
+    return (
+        prior_versions.where(F.col("row_kind") == VERSION)
+        .select(F.col("snapshot_id").alias("previous_snapshot_id"), *rp, "key",
+                F.col("offset").alias("prior_offset"), F.col("key_touch").alias("prior_touch"),
+                F.col("origin_snapshot_id").alias("prior_origin"), F.col("missing_before").alias("prior_missing"))
+        .join(ctx, on=["previous_snapshot_id", *rp], how="inner")
+        .drop("previous_snapshot_id")
+    )
+
+
 def next_state(
     row_wm: DataFrame,
     partition_wm: DataFrame,
@@ -314,25 +338,18 @@ def next_state(
     (``Comparison.last_versions``) when the caller has it, else aggregated from ``row_wm``
     (``last_versions_of``). ``regions``: ``partition_regions(partition_wm)`` when the
     caller has it already (the comparison's layout), else read here (one small job).
+
+    The audit has the comparison's pass write the VERSION rows itself (``pipelines.leapfrog.compare``
+    with ``state``) and adds the contexts with ``write_contexts``; this is the same state built
+    by Spark, for a state made without that pass.
     """
     rp = list(REPLICA_PARTITION)
-    ctx = prior_context.where(F.col("row_kind") == CONTEXT).select(
-        *rp,
-        F.col("snapshot_id").alias("previous_snapshot_id"),
-        F.col("stream_first_offset").alias("prior_stream_first_offset"),
-    )
-    prior = (
-        prior_versions.where(F.col("row_kind") == VERSION)
-        .select(F.col("snapshot_id").alias("previous_snapshot_id"), *rp, "key",
-                F.col("offset").alias("prior_offset"), F.col("key_touch").alias("prior_touch"),
-                F.col("origin_snapshot_id").alias("prior_origin"), F.col("missing_before").alias("prior_missing"))
-        .join(ctx.select("previous_snapshot_id", *rp), on=["previous_snapshot_id", *rp], how="inner")
-        .drop("previous_snapshot_id")
-    )
+    prior = carried_versions(prior_versions, prior_context)
     if last_versions is None:
         last_versions = last_versions_of(
             row_wm, partition_wm, partition_regions(partition_wm) if regions is None else regions
         )
+    carried = F.col("offset") == F.col("prior_offset")
     versions = computed_once(_as_state(
         last_versions.join(prior, on=[*rp, "key"], how="left").select(
             "snapshot_id",
@@ -342,21 +359,34 @@ def next_state(
             *LAST_VERSION_COLUMNS,
             vector_max(F.col("prior_touch"), F.col("touched")).alias("key_touch"),
             "first_lower_bound",
-            F.when(F.col("offset") == F.col("prior_offset"), F.col("prior_origin"))
-            .otherwise(F.col("snapshot_id"))
-            .alias("origin_snapshot_id"),
+            F.when(carried, F.col("prior_origin")).otherwise(F.col("snapshot_id")).alias("origin_snapshot_id"),
             "touch_bound",
             "reach",
             # A carried version counts as before any gap in the comparison's rows; its stream position is the state's.
-            _positive(F.when(F.col("offset") == F.col("prior_offset"), F.col("prior_missing"))
-                      .otherwise(F.col("missing_before"))).alias("missing_before"),
+            _positive(F.when(carried, F.col("prior_missing")).otherwise(F.col("missing_before"))).alias("missing_before"),
         )
     ))
     stats = versions.groupBy("snapshot_id", *rp).agg(
         F.count(F.lit(1)).alias("state_rows"), checksum(version_hash()).alias("state_checksum")
     )
+    return versions.unionByName(state_contexts(partition_wm, prior_context, stats))
+
+
+def state_contexts(partition_wm: DataFrame, prior_context: DataFrame, stats: DataFrame) -> DataFrame:
+    """The CONTEXT rows of the state after S, one per replica partition of ``partition_wm`` (``replica_state``'s columns).
+
+    ``stats``: per replica partition with VERSION rows (``snapshot_id``, ``replica``, ``topic``,
+    ``partition``), how many (``state_rows``) and their checksum (``state_checksum``); one without
+    any has 0 and 0.
+    """
+    rp = list(REPLICA_PARTITION)
+    ctx = prior_context.where(F.col("row_kind") == CONTEXT).select(
+        *rp,
+        F.col("snapshot_id").alias("previous_snapshot_id"),
+        F.col("stream_first_offset").alias("prior_stream_first_offset"),
+    )
     zero = F.lit(0).cast(T.LongType())
-    contexts = (
+    return _as_state(
         partition_wm.join(ctx, on=rp, how="left")
         .join(stats, on=["snapshot_id", *rp], how="left")
         .select(
@@ -376,4 +406,36 @@ def next_state(
             "first_gap_lower_bound",
         )
     )
-    return versions.unionByName(_as_state(contexts))
+
+
+_SUMS = T.StructType([
+    T.StructField("snapshot_id", T.StringType()), T.StructField("replica", T.StringType()),
+    T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
+    T.StructField("state_rows", T.LongType()), T.StructField("state_checksum", T.LongType()),
+])
+
+
+def write_contexts(stage: ArrowStage, partition_wm: DataFrame, prior_context: DataFrame, state_sums: DataFrame) -> int:
+    """Add the CONTEXT rows to ``stage``, whose VERSION rows the comparison's pass wrote; how many were written.
+
+    ``state_sums``: ``Comparison.state_sums``, each task's rows and checksum per replica partition,
+    summed here (a handful of rows per task): the checksum is a sum modulo 2^64, so the tasks' shares
+    add up to the one Spark's ``version_hash`` gives the whole partition (``arrow_checksum``). The
+    contexts are one file of the stage, written here on the driver.
+    """
+    rp = ("snapshot_id", *REPLICA_PARTITION)
+    totals: dict[tuple, list[int]] = {}
+    for row in state_sums.collect():
+        total = totals.setdefault(tuple(row[c] for c in rp), [0, 0])
+        total[0] += row["state_rows"]
+        total[1] += row["state_checksum"]
+    stats = local_frame(partition_wm.sparkSession, [(*k, n, signed(c)) for k, (n, c) in totals.items()], _SUMS)
+    contexts = state_contexts(partition_wm, prior_context, stats).toArrow()
+    file = stage.files(0, name="contexts")
+    try:
+        for batch in contexts.select(stage.schema.names).cast(stage.schema).to_batches():
+            file.write(batch)
+        return file.close()
+    except BaseException:
+        file.abort()
+        raise

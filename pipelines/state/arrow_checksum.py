@@ -1,0 +1,180 @@
+"""The replica state's checksum counted on Arrow rows, equal to Spark's (``pipelines/state/rows.py``).
+
+A commit context keeps ``state_checksum``: the sum modulo 2^64 of Spark's ``xxhash64`` over each
+VERSION row's columns (``version_hash``), vectors as their entries sorted by region. The Leap
+Frog comparison writes the VERSION rows itself, from its Arrow batches in Spark's Python tasks
+(``pipelines/leapfrog.py``), and counts each task's share of the checksum here, as it writes
+them: no Spark job reads the rows again to checksum them. ``prior.py`` still checks a state with
+Spark's ``version_hash``; the two must agree bit for bit (``tests/test_arrow_checksum.py``).
+
+Spark's ``xxhash64(c1, c2, ...)`` starts from the seed 42 and hashes each column's value with the
+hash so far as its seed; a null leaves it as it is. Per type (Spark's ``XXH64``, the reference
+xxHash64 algorithm on little-endian bytes): a long is ``hashLong``, an int ``hashInt``, a string
+its UTF-8 bytes (``hashUnsafeBytes``); an array hashes its elements in order and a struct its
+fields in order, each with the hash so far as its seed. Every function here hashes a whole column
+at once with numpy (unsigned 64-bit arithmetic wraps as Java's longs do), one seed per row.
+
+numpy and pyarrow only: this module travels by value to Spark's Python workers with the pass.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import cloudpickle
+
+SEED = 42
+_P1 = np.uint64(0x9E3779B185EBCA87)
+_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_P3 = np.uint64(0x165667B19E3779F9)
+_P4 = np.uint64(0x85EBCA77C2B2AE63)
+_P5 = np.uint64(0x27D4EB2F165667C5)
+
+
+def _rotl(x: np.ndarray, r: int) -> np.ndarray:
+    return (x << np.uint64(r)) | (x >> np.uint64(64 - r))
+
+
+def _fmix(h: np.ndarray) -> np.ndarray:
+    h = h ^ (h >> np.uint64(33))
+    h = h * _P2
+    h = h ^ (h >> np.uint64(29))
+    h = h * _P3
+    return h ^ (h >> np.uint64(32))
+
+
+def _round(h: np.ndarray, word: np.ndarray) -> np.ndarray:
+    """One 8-byte word into the hash (the loop of ``hashBytesByWords`` and ``hashLong``)."""
+    h = h ^ (_rotl(word * _P2, 31) * _P1)
+    return _rotl(h, 27) * _P1 + _P4
+
+
+def hash_longs(values: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """Spark's ``XXH64.hashLong`` of each value (int64) with its row's seed (uint64)."""
+    return _fmix(_round(seeds + _P5 + np.uint64(8), values.astype(np.int64).view(np.uint64)))
+
+
+def _hash_bytes(matrix: np.ndarray, seeds: np.ndarray) -> np.ndarray:
+    """Spark's ``XXH64.hashUnsafeBytes`` of rows of equal length: ``matrix`` (rows, length) of uint8."""
+    length = matrix.shape[1]
+    whole = length // 8
+    words = np.ascontiguousarray(matrix[:, :whole * 8]).view("<u8").astype(np.uint64)
+    word = 0
+    if length >= 32:
+        v = [seeds + _P1 + _P2, seeds + _P2, seeds.copy(), seeds - _P1]
+        for stripe in range(length // 32):
+            for lane in range(4):
+                v[lane] = _rotl(v[lane] + words[:, 4 * stripe + lane] * _P2, 31) * _P1
+        h = _rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)
+        for lane in v:
+            h = (h ^ (_rotl(lane * _P2, 31) * _P1)) * _P1 + _P4
+        word = 4 * (length // 32)
+    else:
+        h = seeds + _P5
+    h = h + np.uint64(length)
+    for at in range(word, whole):
+        h = _round(h, words[:, at])
+    at = whole * 8
+    if at + 4 <= length:
+        quad = np.ascontiguousarray(matrix[:, at:at + 4]).view("<u4")[:, 0].astype(np.uint64)
+        h = _rotl(h ^ (quad * _P1), 23) * _P2 + _P3
+        at += 4
+    for byte in range(at, length):
+        h = _rotl(h ^ (matrix[:, byte].astype(np.uint64) * _P5), 11) * _P1
+    return _fmix(h)
+
+
+def hash_strings(strings: pa.Array, seeds: np.ndarray) -> np.ndarray:
+    """Spark's hash of each string (its UTF-8 bytes) with its row's seed; a null leaves the seed as it is."""
+    if isinstance(strings, pa.ChunkedArray):
+        strings = strings.combine_chunks()
+    strings = strings.cast(pa.large_string())
+    out = seeds.copy()
+    valid = np.flatnonzero(strings.is_valid().to_numpy(zero_copy_only=False))
+    if not len(valid):
+        return out
+    buffers = strings.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64)[strings.offset:strings.offset + len(strings) + 1]
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
+    starts, lengths = offsets[valid], np.diff(offsets)[valid]
+    # Rows of one length at a time: each a (rows, length) matrix of bytes, hashed together.
+    for length in np.unique(lengths):
+        rows = np.flatnonzero(lengths == length)
+        matrix = data[starts[rows, None] + np.arange(length)] if length else np.empty((len(rows), 0), np.uint8)
+        out[valid[rows]] = _hash_bytes(matrix, seeds[valid[rows]])
+    return out
+
+
+def _hash_column(column: pa.Array, seeds: np.ndarray) -> np.ndarray:
+    """One column of a row hash: a null leaves the seed as it is."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_map(column.type):
+        return _hash_vectors(column, seeds)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return hash_strings(column, seeds)
+    if pa.types.is_int64(column.type):
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        values = column.fill_null(0).to_numpy(zero_copy_only=False)
+        return np.where(valid, hash_longs(values, seeds), seeds)
+    if pa.types.is_null(column.type):
+        return seeds
+    raise TypeError(f"no Spark hash of {column.type} here")
+
+
+def _hash_vectors(vectors: pa.Array, seeds: np.ndarray) -> np.ndarray:
+    """``array_sort(map_entries(v))`` of each map<string, long>: its entries by key (bytes), each key then value."""
+    out = seeds.copy()
+    bounds = vectors.offsets.to_numpy()
+    lengths = np.where(vectors.is_valid().to_numpy(zero_copy_only=False), np.diff(bounds), 0)
+    if not lengths.any():
+        return out
+    owner = np.repeat(np.arange(len(vectors)), lengths)
+    # The entries of a (sliced) map array index its whole key and item buffers.
+    entry = np.repeat(bounds[:-1], lengths) + np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    keys = vectors.keys.take(pa.array(entry))
+    values = vectors.items.take(pa.array(entry)).to_numpy(zero_copy_only=False)
+    # Each row's entries sorted by key, as array_sort orders strings (by their UTF-8 bytes: code points).
+    names = pc.dictionary_encode(keys)
+    rank_of = np.argsort(np.argsort(np.array([s.encode() for s in names.dictionary.to_pylist()], dtype=object)))
+    rank = rank_of[names.indices.to_numpy()] if len(names.dictionary) else np.empty(0, np.int64)
+    order = np.lexsort((rank, owner))
+    owner, keys, values = owner[order], keys.take(pa.array(order)), values[order]
+    position = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    # The k-th entries of every row at once: a row's hash so far is the seed of its next entry.
+    for k in range(int(lengths.max())):
+        at = np.flatnonzero(position == k)
+        rows = owner[at]
+        h = hash_strings(keys.take(pa.array(at)), out[rows])
+        out[rows] = hash_longs(values[at], h)
+    return out
+
+
+def row_hashes(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> np.ndarray:
+    """Spark's ``xxhash64`` of ``columns`` (in order) per row of ``table``, as uint64 (a long's bits).
+
+    Vectors (map<string, long> columns) hash as ``array_sort(map_entries(v))``, as ``version_hash`` has them.
+    """
+    hashes = np.full(table.num_rows, SEED, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for name in columns:
+            hashes = _hash_column(table.column(name), hashes)
+    return hashes
+
+
+def checksum(hashes: np.ndarray) -> int:
+    """The sum of ``hashes`` modulo 2^64, as a signed long (``rows.checksum``); sums of parts add up the same way."""
+    return signed(int(np.sum(hashes, dtype=np.uint64)))
+
+
+def signed(total: int) -> int:
+    """A sum modulo 2^64 as Spark's long holds it: the signed value of its 64 bits."""
+    total %= 2**64
+    return total - 2**64 if total >= 2**63 else total
+
+
+# Sent to Spark's Python workers by value, with the comparison's pass.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
