@@ -20,7 +20,7 @@ reports are committed empty without running their plan (it looks the witnesses' 
 in every row). The comparison's pass writes the replica state's VERSION rows itself (each
 key's last version per replica, from the rows it holds anyway, as Parquet from its Arrow
 batches) and counts their checksums as it writes them; the step adds one small file of
-contexts (``write_contexts``): no exchange, checkpoint or Spark write of the state's rows.
+contexts (``contexts_from_sums``): no exchange, checkpoint or Spark write of the state's rows.
 The Delta log's row counts bound the rows the comparison reads (``comparison_rows``): a few
 (``resources.tuning.DRIVER_MAX_ROWS``) are compared on the driver, without Python workers.
 """
@@ -38,7 +38,7 @@ from assets.previews import divergence_by_pair
 from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
 from pipelines.frames import computed_once
 from pipelines.leapfrog import compare, comparison_layout, state_files
-from pipelines.state.carry import carried_versions, carry_over, write_contexts
+from pipelines.state.carry import carried_versions, carry_over, contexts_from_sums
 from pipelines.state.prior import PriorState, StateRefused, no_prior_state, prior_state, retained_states
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION
 from resources.delta_store import DeltaStore
@@ -193,14 +193,15 @@ def divergence_reports(
         layout = comparison_layout(carried_partitions)
         # The witnesses' values are looked up in the snapshot's raw rows, by position (the only read of its values).
         raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
-        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=most_rows)
         # The comparison's pass writes the state's VERSION rows itself (each key's last version per replica, from
         # the rows it holds anyway), with their checksums; the contexts follow from its sums.
         state = tables.arrow_stage(STATE)
         comparison = compare(carried_rows, carried_partitions, layout, rows=most_rows, values=raw,
                              state=state_files(state, layout),
                              carried=carried_versions(prior.versions, prior.context) if prior.links else None)
-        write_contexts(state, carried_partitions, prior.context, comparison.state_sums)
+        store.write_arrow(state, contexts_from_sums(carried_partitions, prior.context, comparison.state_sums),
+                          name="contexts")
         tables.stage_arrow(state, extra_metadata=carried)
         tables.stage(comparison.summary, "divergence_summary")
         # One row per topic partition and replica pair: read once for the totals and the preview.

@@ -107,7 +107,7 @@ def raw_topic_snapshots(
         lines = read_snapshot_lines(session, folder, venice, landing.line_limit())
         judgement = judge_rows(lines, snapshot_id)
 
-        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=files.estimated_rows())
         try:
             tables.stage(judgement.accepted, "raw_topic_snapshots")
         except Exception as exc:

@@ -43,8 +43,9 @@ EXAMPLES = 10
 def replication_lag(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
-        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+    rows = store.snapshot_rows("raw_topic_snapshots", [snapshot_id])
+    with spark.sized_for(rows) as evaluation:
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=rows)
         tables.stage(heartbeat_lag(read_stage(session, store, "raw_topic_snapshots", snapshot_id)), "heartbeat_lag")
         tables.stage(lag_summary(tables.frame("heartbeat_lag")), "replication_lag")
         lagging = lagging_rows(tables.frame("replication_lag"))
@@ -90,9 +91,10 @@ def replication_lag(context: dg.AssetExecutionContext, spark: SparkResource, sto
 def exporter_tables(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore):
     snapshot_id = context.partition_key
     session = spark.spark_session
-    with spark.sized_for(store.snapshot_rows("raw_topic_snapshots", [snapshot_id])) as evaluation:
+    rows = store.snapshot_rows("raw_topic_snapshots", [snapshot_id])
+    with spark.sized_for(rows) as evaluation:
         raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
-        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=rows)
         # Two passes over the raw rows, each computed once and kept; the three tables are made of them.
         inputs = exporter_inputs(raw, once=computed_once)
         tables.stage(exporter_positions(inputs), "exporter_positions")

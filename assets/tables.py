@@ -12,6 +12,12 @@ A table that a pass writes itself from Arrow batches (``arrow_stage``, ``stage_a
 judged by the same rules in their Arrow form, counted by the pass as it writes each file and
 read from the files' footers (``schemas/arrow_rules.py``): no Spark job.
 
+A small step (its input at most ``REPLICA_LENS_DRIVER_MAX_ROWS`` rows, ``resources.tuning.on_driver``)
+stages its tables the same way: each is collected to the driver as Arrow (``toArrow``) and
+written there with pyarrow, its rules counted on the Arrow rows. A Spark write job (its plan,
+the Parquet writer's and the commit protocol's fixed costs) costs more than the rows it writes at
+that size; a table holding values, or with counts of its own to observe, keeps Spark's writer.
+
 A table built from another table of the same step reads that table's staged files
 (``StepTables.frame``): nothing is read back from Delta for it, and nothing is published
 before the whole step has been validated. A step's own counts for its metadata ride on the
@@ -28,9 +34,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import dagster as dg
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
 
-from resources.delta_store import DeltaStore, StagedWrite, WriteResult
+from resources.delta_store import PARTITION_COLUMN, DeltaStore, StagedWrite, WriteResult, holds_values
 from resources.staged_files import ArrowStage
+from resources.tuning import on_driver
+from schemas.conform import conform
 from schemas.registry import model_for, required_columns, struct_for
 from schemas.validation import SchemaViolation, TableValidation, dagster_table_schema
 
@@ -139,10 +148,15 @@ class _Staged:
 class StepTables:
     """The tables one asset step writes: staged and validated one by one, published together."""
 
-    def __init__(self, spark: SparkSession, store: DeltaStore, snapshot_id: str | None, evaluation: str | None = None):
+    def __init__(
+        self, spark: SparkSession, store: DeltaStore, snapshot_id: str | None, evaluation: str | None = None,
+        rows: int | None = None,
+    ):
         self.spark = spark
         self.store = store
         self.snapshot_id = snapshot_id
+        # The step's input rows when known (the Delta log): a small step's tables are written on the driver.
+        self.on_driver = snapshot_id is not None and on_driver(rows)
         # How Spark evaluated the step (``SparkResource.sized_for``), shown on each table's materialization.
         self.evaluation = evaluation
         self._staged: dict[str, _Staged] = {}
@@ -157,8 +171,16 @@ class StepTables:
         ``observe``: more aggregates over the written rows (counts for the step's metadata, the
         region universe the step goes on with), computed by that job too, with no read-back of the
         staged files; ``observed(table)`` returns them by name, as Spark computed them.
+
+        A small step's table without values or ``observe`` is collected and written on the driver
+        (the module docstring), judged by the same rules.
         """
         struct = struct_for(table)
+        if self.on_driver and not observe and not holds_values(table, struct):
+            stage = self.arrow_stage(table)
+            rows = conform(df.withColumn(PARTITION_COLUMN, F.lit(self.snapshot_id)), struct)
+            self.store.write_arrow(stage, rows.toArrow())
+            return self.stage_arrow(stage, extra_metadata)
         validation = TableValidation(model_for(table))
         aggregates = (
             validation.aggregates(struct)

@@ -87,7 +87,7 @@ def stream_pass(context: dg.AssetExecutionContext, config: AnomalyConfig, spark:
     session = spark.spark_session
     rows = store.snapshot_rows("raw_topic_snapshots", [snapshot_id])
     with spark.sized_for(rows) as evaluation:
-        tables = StepTables(session, store, snapshot_id, evaluation=evaluation)
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=rows)
         raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
         if store.written_without("raw_topic_snapshots", snapshot_id, "value_hash"):
             # Ingested before raw_topic_snapshots kept each value's token: made here, from the values (re-materialize

@@ -99,6 +99,12 @@ VALUE_COLUMNS = ("value", "raw", "witness_value_a", "witness_value_b")
 NULL_VALUE_COLUMNS = {"replica_state": ("value",)}
 
 
+def holds_values(table: str, struct: T.StructType) -> bool:
+    """Whether ``table`` (shaped like ``struct``) holds the input's values: only Spark's writer bounds its pages."""
+    nulls = NULL_VALUE_COLUMNS.get(table, ())
+    return any(f.name in VALUE_COLUMNS and f.name not in nulls for f in struct.fields)
+
+
 def parquet_options(struct: T.StructType) -> dict[str, str]:
     """Writer options: Parquet dictionary encoding for the string columns whose values repeat, and no others; and
     for a table holding values, a page's size checked after every row.
@@ -466,9 +472,9 @@ class DeltaStore(dg.ConfigurableResource):
         value by the files (``ArrowStage.null_columns``).
         """
         check_snapshot_id(snapshot_id)
-        nulls = NULL_VALUE_COLUMNS.get(table, ())
-        if any(f.name in VALUE_COLUMNS and f.name not in nulls for f in struct.fields):
+        if holds_values(table, struct):
             raise ValueError(f"{table} holds values: stage it with Spark's writer (DeltaStore.stage)")
+        nulls = NULL_VALUE_COLUMNS.get(table, ())
         relative_dir = f"write-{uuid.uuid4().hex}"
         uri = self.table_uri(table)
         folder = Location.of(_snapshot_folder(f"{uri}/{relative_dir}", snapshot_id))
@@ -478,6 +484,22 @@ class DeltaStore(dg.ConfigurableResource):
             dictionary_columns=dictionary_columns(struct), rules=tuple(rules), partition_column=PARTITION_COLUMN,
             null_columns=tuple(nulls),
         )
+
+    @staticmethod
+    def write_arrow(stage: ArrowStage, rows: pa.Table, name: str = "rows") -> int:
+        """Write ``rows`` (the stage's columns, by name) here, on the driver, as one file of ``stage``; how many.
+
+        Beside the files a pass's tasks write (``name`` is never a task's), or alone: a small
+        table collected to the driver is staged with no Spark write job (``StepTables.stage``).
+        """
+        file = stage.files(0, name=name)
+        try:
+            for batch in rows.select(stage.schema.names).cast(stage.schema).to_batches():
+                file.write(batch)
+            return file.close()
+        except BaseException:
+            file.abort()
+            raise
 
     def stage_arrow(self, stage: ArrowStage, struct: T.StructType) -> StagedWrite:
         """The staged write that ``stage``'s files make, once written; from their footers alone (no Spark job).

@@ -107,12 +107,19 @@ TABLES = (
 )
 
 
-def test_interpreted_and_compiled_audits_write_the_same_tables(spark, tmp_path):
+def test_interpreted_and_compiled_audits_write_the_same_tables(spark, tmp_path, monkeypatch):
+    # The interpreted audit also writes its small tables on the driver with pyarrow (assets/tables.py), the compiled
+    # one has Spark write every table and run both passes in Python workers (REPLICA_LENS_DRIVER_MAX_ROWS=0): equal
+    # tables rule out a column, type, row or map entry that one writer gets wrong.
+    from resources.tuning import DRIVER_MAX_ROWS_ENV
+
     landing = tmp_path / "landing"
     simulate(str(landing), "snap", SimulationConfig(**HISTORY))
     settings = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
     stores = {}
     for mode, limit in (("interpreted", 1_000_000), ("compiled", 0)):
+        if mode == "compiled":
+            monkeypatch.setenv(DRIVER_MAX_ROWS_ENV, "0")
         warehouse = tmp_path / mode
         audit = run_audit("snap", str(landing), str(warehouse), interpreted_max_rows=limit, **settings)
         assert audit.success, audit.error
@@ -120,6 +127,9 @@ def test_interpreted_and_compiled_audits_write_the_same_tables(spark, tmp_path):
                       "stream_anomalies", "replication_lag", "exporter_positions"):
             assert audit.value(table, "spark_evaluation") == mode, table
         stores[mode] = DeltaStore(warehouse_root=str(warehouse))
+        # Which writer wrote a small table: pyarrow on the driver (one rows.parquet) or Spark's tasks.
+        written = {p.name for p in (warehouse / "exporter_positions").glob("write-*/snapshot_id=snap/*.parquet")}
+        assert (written == {"rows.parquet"}) == (mode == "interpreted"), (mode, written)
     for table in TABLES:
         tables = {
             mode: Counter(tuple(plain(v) for v in row) for row in store.read_snapshot(spark, table, "snap", struct_for(table)).collect())

@@ -45,7 +45,7 @@ from pipelines.state.carry import (
     predecessors,
     no_prior_state,
     prior_state,
-    write_contexts,
+    contexts_from_sums,
 )
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from replica_lens.audit import run_audit
@@ -188,7 +188,7 @@ def compared_with_state(spark, rows: DataFrame, parts: DataFrame, prior: PriorSt
     layout = comparison_layout(parts)
     comparison = compare(rows, parts, layout, rows=count, state=state_files(stage_, layout),
                          carried=carried_versions(prior.versions, prior.context) if prior.links else None)
-    write_contexts(stage_, parts, prior.context, comparison.state_sums)
+    store.write_arrow(stage_, contexts_from_sums(parts, prior.context, comparison.state_sums), name="contexts")
     staged = store.stage_arrow(stage_, struct_for(table))
     assert staged.metrics["rule_counts"] == [0] * len(stage_.rules)
     written = store.read_staged(spark, staged).select(*[f.name for f in ReplicaState.to_structtype().fields])

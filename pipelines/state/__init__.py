@@ -9,7 +9,7 @@
 - ``carry``: what the divergence stage does with it: ``carry_over`` continues a snapshot's
   watermarks from the state it continues, ``next_state`` builds the state after it (Spark's
   way; the audit has the comparison's pass write the VERSION rows and adds the contexts with
-  ``write_contexts``).
+  ``contexts_from_sums``).
 
 docs/incremental.md is the user's side of all this.
 """

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -80,7 +81,6 @@ from pipelines.state.rows import (
 )
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import partition_regions, running_max_single, sparse, vector_max
-from resources.staged_files import ArrowStage
 from schemas.conform import conform, local_frame
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
@@ -111,7 +111,7 @@ __all__ = [
     "retained_states",
     "state_contexts",
     "version_hash",
-    "write_contexts",
+    "contexts_from_sums",
 ]
 
 
@@ -340,7 +340,7 @@ def next_state(
     caller has it already (the comparison's layout), else read here (one small job).
 
     The audit has the comparison's pass write the VERSION rows itself (``pipelines.leapfrog.compare``
-    with ``state``) and adds the contexts with ``write_contexts``; this is the same state built
+    with ``state``) and adds the contexts with ``contexts_from_sums``; this is the same state built
     by Spark, for a state made without that pass.
     """
     rp = list(REPLICA_PARTITION)
@@ -415,13 +415,13 @@ _SUMS = T.StructType([
 ])
 
 
-def write_contexts(stage: ArrowStage, partition_wm: DataFrame, prior_context: DataFrame, state_sums: DataFrame) -> int:
-    """Add the CONTEXT rows to ``stage``, whose VERSION rows the comparison's pass wrote; how many were written.
+def contexts_from_sums(partition_wm: DataFrame, prior_context: DataFrame, state_sums: DataFrame) -> pa.Table:
+    """The CONTEXT rows of the state whose VERSION rows the comparison's pass wrote, as Arrow (a handful of rows).
 
     ``state_sums``: ``Comparison.state_sums``, each task's rows and checksum per replica partition,
-    summed here (a handful of rows per task): the checksum is a sum modulo 2^64, so the tasks' shares
-    add up to the one Spark's ``version_hash`` gives the whole partition (``arrow_checksum``). The
-    contexts are one file of the stage, written here on the driver.
+    summed here (a few rows per task): the checksum is a sum modulo 2^64, so the tasks' shares add
+    up to the one Spark's ``version_hash`` gives the whole partition (``arrow_checksum``). The
+    divergence step writes them as one more file of the state's staged write.
     """
     rp = ("snapshot_id", *REPLICA_PARTITION)
     totals: dict[tuple, list[int]] = {}
@@ -430,12 +430,4 @@ def write_contexts(stage: ArrowStage, partition_wm: DataFrame, prior_context: Da
         total[0] += row["state_rows"]
         total[1] += row["state_checksum"]
     stats = local_frame(partition_wm.sparkSession, [(*k, n, signed(c)) for k, (n, c) in totals.items()], _SUMS)
-    contexts = state_contexts(partition_wm, prior_context, stats).toArrow()
-    file = stage.files(0, name="contexts")
-    try:
-        for batch in contexts.select(stage.schema.names).cast(stage.schema).to_batches():
-            file.write(batch)
-        return file.close()
-    except BaseException:
-        file.abort()
-        raise
+    return state_contexts(partition_wm, prior_context, stats).toArrow()
