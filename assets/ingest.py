@@ -109,7 +109,7 @@ def raw_topic_snapshots(
 
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=files.estimated_rows())
         try:
-            tables.stage(judgement.accepted, "raw_topic_snapshots")
+            tables.stage(judgement.accepted, "raw_topic_snapshots", whole_streams=True)
         except Exception as exc:
             # A raw Venice record from a cluster the map does not name: the Spark job failed, nothing
             # is committed. Say so plainly instead of with the executor's traceback.

@@ -164,13 +164,14 @@ class StepTables:
 
     def stage(
         self, df: DataFrame, table: str, extra_metadata: dict[str, Any] | None = None,
-        observe: dict[str, Column] | None = None,
+        observe: dict[str, Column] | None = None, whole_streams: bool = False,
     ) -> StagedWrite:
         """Write ``df`` as ``table``'s staged files, its schema rules counted by the same job.
 
         ``observe``: more aggregates over the written rows (counts for the step's metadata, the
         region universe the step goes on with), computed by that job too, with no read-back of the
         staged files; ``observed(table)`` returns them by name, as Spark computed them.
+        ``whole_streams``: ``df`` is hash-partitioned by stream (``DeltaStore.stage``).
 
         A small step's table without values or ``observe`` is collected and written on the driver
         (the module docstring), judged by the same rules.
@@ -188,7 +189,8 @@ class StepTables:
         )
         return self._checked(
             table, validation,
-            lambda: self.store.stage(self.spark, df, table, self.snapshot_id, struct, observe=aggregates),
+            lambda: self.store.stage(self.spark, df, table, self.snapshot_id, struct, observe=aggregates,
+                                     whole_streams=whole_streams),
             extra_metadata,
         )
 

@@ -9,11 +9,12 @@ from assets.partitions import CRITICAL_PATH, snapshot_partitions
 from assets.tables import StepTables, read_stage, schema_check_spec
 from pipelines.ingest.judging import value_token
 from pipelines.anomalies import AnomalyBounds
-from pipelines.stream_pass import WRITTEN, anomaly_rows, summary_rows
+from pipelines.stream_pass import WRITTEN, anomaly_rows, stream_pass_of_files, summary_rows
 from pipelines.stream_pass import stream_pass as pass_streams
 from pipelines.watermarks import partition_watermarks
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
+from resources.tuning import on_driver
 from schemas.operations import ANOMALIES
 
 GROUP = "watermarks"
@@ -89,7 +90,8 @@ def stream_pass(context: dg.AssetExecutionContext, config: AnomalyConfig, spark:
     with spark.sized_for(rows) as evaluation:
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=rows)
         raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
-        if store.written_without("raw_topic_snapshots", snapshot_id, "value_hash"):
+        tokens_missing = store.written_without("raw_topic_snapshots", snapshot_id, "value_hash")
+        if tokens_missing:
             # Ingested before raw_topic_snapshots kept each value's token: made here, from the values (re-materialize
             # raw_topic_snapshots to keep the values out of this stage, docs/tables.md).
             raw = raw.withColumn("value_hash", value_token())
@@ -102,9 +104,18 @@ def stream_pass(context: dg.AssetExecutionContext, config: AnomalyConfig, spark:
         # them (on the driver or in Spark's Python workers); what comes back is the summaries and anomalies, computed
         # once (docs/performance.md).
         written = {table: tables.arrow_stage(table) for table in WRITTEN}
-        passed = pass_streams(raw, read_positions, rows=rows, bounds=bounds, written=written)
+        # A snapshot ingested by stream (each file holds its streams whole) is read file by file by the pass's tasks,
+        # with no exchange; read positions to merge, tokens to make, or a small snapshot (on the driver) go by Spark.
+        files = None
+        if read_positions is None and not tokens_missing and not on_driver(rows):
+            files = store.stream_files(session, "raw_topic_snapshots", snapshot_id)
+        if files is not None:
+            passed = stream_pass_of_files(session, [(f.fs, f.path) for f in files], snapshot_id, bounds, written)
+        else:
+            passed = pass_streams(raw, read_positions, rows=rows, bounds=bounds, written=written)
         for stage in written.values():
             tables.stage_arrow(stage)
+        tables.add_metadata("heartbeat_segments", {"read_by_file": files is not None})
         tables.stage(summary_rows(passed), "heartbeat_segment_summary")
         # Whether any dump has a gap, and which, observed by the same write, for the materialization's metadata.
         tables.stage(

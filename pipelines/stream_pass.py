@@ -46,6 +46,8 @@ from typing import Iterator, Mapping
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -771,6 +773,49 @@ def stream_pass(
         return local_batches(raw.sparkSession, kernel(iter(positions.toArrow().to_batches())), OUTPUT_STRUCT)
     passed = positions.repartition(*PARTITION_KEYS).mapInArrow(kernel, OUTPUT_STRUCT)
     # Run once, now: a second run would write the files again (the same files, but the work twice).
+    return computed_once(passed) if written else passed
+
+
+def file_rows(
+    ids: Iterator[pa.RecordBatch], files: tuple[tuple[pafs.FileSystem, str], ...], snapshot_id: str,
+    schema: pa.Schema,
+) -> Iterator[pa.RecordBatch]:
+    """The version-topic rows (``INPUT_COLUMNS``, as ``schema``) of the files whose numbers ``ids`` hold, by pyarrow.
+
+    ``files``: a snapshot's ``raw_topic_snapshots`` files (filesystem, path), each holding every row of
+    its streams; the snapshot id is the folder's, not a column of the files.
+    """
+    columns = [name for name in schema.names if name != "snapshot_id"]
+    for batch in ids:
+        for number in batch.column(0).to_pylist():
+            fs, path = files[number]
+            table = pq.read_table(path, filesystem=fs, columns=columns)
+            table = table.filter(pc.not_equal(table["kind"], "EXPORTER_POSITION"))
+            table = table.append_column("snapshot_id", pa.array([snapshot_id] * table.num_rows, pa.string()))
+            yield from table.select(schema.names).cast(schema).to_batches()
+
+
+def stream_pass_of_files(
+    spark, files: list[tuple[pafs.FileSystem, str]], snapshot_id: str, bounds: AnomalyBounds = AnomalyBounds(),
+    written: Mapping[str, ArrowStage] | None = None,
+) -> DataFrame:
+    """``stream_pass`` of a snapshot whose ``raw_topic_snapshots`` files each hold every row of their streams.
+
+    One task per file reads it with pyarrow (``file_rows``) and runs the pass on its streams: no Spark
+    read of the rows, no exchange, no conversion of every row into Arrow by the JVM. The files are
+    ``DeltaStore.stream_files`` (a snapshot ingested with its one exchange by stream); read positions
+    (raw Venice records skipped by rule) must go through ``stream_pass``, which merges them in.
+    """
+    unknown = set(written or ()) - set(WRITTEN)
+    if unknown:
+        raise ValueError(f"the stream pass writes {', '.join(WRITTEN)} only, not {', '.join(sorted(unknown))}")
+    schema = to_arrow_schema(T.StructType([_SEGMENT_STRUCT[name] for name in INPUT_COLUMNS]))
+    read = partial(file_rows, files=tuple(files), snapshot_id=snapshot_id, schema=schema)
+
+    def kernel(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return stream_rows(read(ids), bounds=bounds, written=written)
+
+    passed = spark.range(0, len(files), 1, max(len(files), 1)).mapInArrow(kernel, OUTPUT_STRUCT)
     return computed_once(passed) if written else passed
 
 

@@ -95,6 +95,8 @@ DISTINCT_STRING_PREFIXES = ("witness_", "last_hash_")
 
 # Columns that hold the input's values, of any size (raw text included).
 VALUE_COLUMNS = ("value", "raw", "witness_value_a", "witness_value_b")
+# A write folder whose every file holds every row of the streams it holds (``stage(whole_streams=True)``).
+STREAMS_SUFFIX = ".streams"
 # Value columns that a table keeps for rows written by earlier versions only: new rows leave them null.
 NULL_VALUE_COLUMNS = {"replica_state": ("value",)}
 
@@ -417,6 +419,7 @@ class DeltaStore(dg.ConfigurableResource):
         snapshot_id: Optional[str],
         struct: T.StructType,
         observe: Sequence[Column] = (),
+        whole_streams: bool = False,
     ) -> StagedWrite:
         """Write ``df``'s rows as Parquet files that no reader sees yet; ``observe`` aggregates ride along.
 
@@ -425,6 +428,11 @@ class DeltaStore(dg.ConfigurableResource):
         table as it was. ``observe`` are aggregate columns computed by the same Spark job that
         writes (``DataFrame.observe``): the schema check's counts cost no pass of their own.
         The row count is always observed. ``snapshot_id`` None stages a whole-table replacement.
+
+        ``whole_streams``: the caller's ``df`` is hash-partitioned by stream (``schemas.raw.STREAM_COLUMNS``), so
+        each task writes every row of its streams into its one file; the folder says so
+        (``STREAMS_SUFFIX``) and ``stream_files`` finds such a snapshot's files. Not said when Spark
+        may cut a task's rows into several files (``spark.sql.files.maxRecordsPerFile``).
         """
         if snapshot_id is not None:
             check_snapshot_id(snapshot_id)
@@ -432,7 +440,9 @@ class DeltaStore(dg.ConfigurableResource):
             df = df.withColumn(PARTITION_COLUMN, F.lit(snapshot_id))
         df = conform(df, struct)
         uri = self.table_uri(table)
-        relative_dir = f"write-{uuid.uuid4().hex}"
+        whole = whole_streams and snapshot_id is not None and int(
+            spark.conf.get("spark.sql.files.maxRecordsPerFile", "0") or 0) <= 0
+        relative_dir = f"write-{uuid.uuid4().hex}{STREAMS_SUFFIX if whole else ''}"
         folder = f"{uri}/{relative_dir}"
         observation = Observation()
         observed = df.observe(observation, F.count(F.lit(1)).alias(_ROWS), *observe)
@@ -741,6 +751,27 @@ class DeltaStore(dg.ConfigurableResource):
         for frame in frames[1:]:
             result = result.unionByName(frame)
         return conform(result, struct)
+
+    def stream_files(self, spark: SparkSession, table: str, snapshot_id: str) -> Optional[list[Location]]:
+        """The live files of ``snapshot_id`` in ``table`` when each holds every row of its streams, else None.
+
+        So when every one lies in a write folder staged with ``whole_streams`` (by this embedded
+        writer: delta-spark writes its own files) and the table uses no feature the embedded reader
+        lacks. A pass reading them file by file then sees each stream whole, with no exchange.
+        """
+        from deltalake import DeltaTable
+
+        check_snapshot_id(snapshot_id)
+        if self._engine(spark) == "native" or not self.exists(table):
+            return None
+        dt = DeltaTable(self.table_uri(table), storage_options=delta_storage_options())
+        if _reader_features(dt) & {"deletionVectors", "columnMapping"}:
+            return None
+        uri = self.table_uri(table)
+        files = _files_by_snapshot(_add_actions(dt), uri, snapshot_id).get(snapshot_id, [])
+        if not files or not all(file.uri[len(uri) + 1:].split("/", 1)[0].endswith(STREAMS_SUFFIX) for file in files):
+            return None
+        return [Location.of(file.uri) for file in files]
 
     def snapshot_ids(self, table: str) -> list[str]:
         """The snapshots present in ``table`` (from the Delta log alone)."""

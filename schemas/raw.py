@@ -8,6 +8,8 @@ KINDS = ("START_OF_PUSH", "PUT", "DELETE", "HEARTBEAT", "EXPORTER_POSITION")
 DATA_KINDS = ("PUT", "DELETE")
 
 VECTOR = T.MapType(T.StringType(), T.LongType())
+# What names a stream (one replica's dump of one topic partition), within a snapshot.
+STREAM_COLUMNS = ("replica", "topic", "partition")
 
 # The message fields of SPEC section 1, in the order the table stores them,
 # with the Spark type each must parse as.

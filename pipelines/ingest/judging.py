@@ -45,6 +45,7 @@ from schemas.raw import (
     KINDS,
     MESSAGE_FIELDS,
     NON_NEGATIVE,
+    STREAM_COLUMNS,
     REQUIRED_ALWAYS,
     REQUIRED_BY_KIND,
     RawTopicQuarantine,
@@ -523,12 +524,15 @@ def judge_rows(lines: DataFrame, snapshot_id: str) -> Judgement:
         )
 
     observed = judged_rows(observed_lines, own_problems)
+    # The one exchange of the candidates is by stream: each position's window is within its stream, and each task then
+    # writes whole streams (``raw_topic_snapshots`` staged ``whole_streams``: the stream pass reads its files one by
+    # one, with no exchange of its own).
     # Every candidate's line bucket goes through the exchange (8 bytes a row), for the bitmap of the conflicting
     # rows' lines; observed before the copies are collapsed, so that every conflicting line is in it. A position
     # that does not conflict holds one content: its rows are that content's copies, and its first row (by file)
     # is the one accepted. The rows of a conflicting position are all quarantined.
     compared = (
-        at_positions(observed.where(candidate), ("line_bucket",), first_copy=True)
+        at_positions(observed.where(candidate).repartition(*STREAM_COLUMNS), ("line_bucket",), first_copy=True)
         .observe(
             conflicts, F.count_if(F.col("conflicting")).alias("rows"), _bucket_bitmap(F.col("conflicting")).alias("lines")
         )
