@@ -126,6 +126,9 @@ def test_interpreted_and_compiled_audits_write_the_same_tables(spark, tmp_path, 
         for table in ("raw_topic_snapshots", "heartbeat_segments", "reconstructed_watermarks", "divergence_reports",
                       "stream_anomalies", "replication_lag", "exporter_positions"):
             assert audit.value(table, "spark_evaluation") == mode, table
+        # The compiled audit's stream pass reads raw_topic_snapshots file by file (ingested by stream); the other runs
+        # on the driver.
+        assert audit.value("heartbeat_segments", "read_by_file") == (mode == "compiled")
         stores[mode] = DeltaStore(warehouse_root=str(warehouse))
         # Which writer wrote a small table: pyarrow on the driver (one rows.parquet) or Spark's tasks.
         written = {p.name for p in (warehouse / "exporter_positions").glob("write-*/snapshot_id=snap/*.parquet")}
