@@ -35,6 +35,11 @@ with pyarrow, into the tables' staged writes, and returns only the summaries and
 Returned through Spark, every row was converted from Arrow into Spark's rows (six maps each),
 kept, read again and encoded as Parquet by the JVM: at 2M rows that took the step from about
 8 s to 20 s warm (docs/performance.md).
+
+Nor need the rows come through Spark: the ingestion's one exchange is by stream, so each file of
+``raw_topic_snapshots`` holds its streams whole (``DeltaStore.stream_files``), and
+``stream_pass_of_files`` runs one task per file that reads it with pyarrow (``file_rows``): no
+Spark read, exchange or conversion of the rows into Arrow by the JVM.
 """
 from __future__ import annotations
 
