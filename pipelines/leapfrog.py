@@ -351,8 +351,8 @@ def _prior_of(rows: _Rows, prior: pa.Table | None, regions: int) -> dict[str, np
 
 
 def _state_versions(
-    columns: dict[str, pa.Array], count: int, rows: _Rows, prior: dict[str, np.ndarray] | None,
-    region_names: Sequence[str], state: StateFiles, gaps: bool,
+    columns: dict[str, pa.Array], count: int, prior: dict[str, np.ndarray] | None, region_names: Sequence[str],
+    state: StateFiles, gaps: bool,
 ) -> pa.Table:
     """The replica state's VERSION rows of these groups (``next_state``'s, from the pass's last versions)."""
     regions = pa.array(list(region_names), pa.string())
@@ -562,7 +562,7 @@ def compare_keys(
     else:
         file = state.stage.files(task_number())
         try:
-            versions = _state_versions(columns, count, rows, _prior_of(rows, prior, regions), region_names, state, gaps)
+            versions = _state_versions(columns, count, _prior_of(rows, prior, regions), region_names, state, gaps)
             for batch in versions.to_batches():
                 file.write(batch)
             file.close()
