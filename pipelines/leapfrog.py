@@ -93,7 +93,8 @@ from pipelines.frames import computed_once
 from pipelines.state.arrow_checksum import row_hashes
 from pipelines.state.carry import carried_versions, kept_where_gapped
 from pipelines.state.rows import LAST_VERSION_COLUMNS, VERSION, VERSION_COLUMNS
-from pipelines.stream_pass import map_vectors, task_number
+from pipelines.arrow_vectors import map_vectors
+from pipelines.stream_pass import task_number
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
 from resources.staged_files import ArrowStage

@@ -58,6 +58,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from pipelines.arrow_vectors import map_entries, map_vectors
 from pipelines.frames import computed_once
 from resources.staged_files import ArrowStage
 from resources.tuning import on_driver
@@ -166,33 +167,8 @@ def _int_column(column: pa.ChunkedArray | pa.Array, none=_NONE) -> np.ndarray:
     return np.asarray(pc.fill_null(column.cast(pa.int64()), none).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def map_vectors(dense: np.ndarray, valid: np.ndarray | None, regions: pa.Array) -> pa.MapArray:
-    """The dense vectors (rows, regions) as a map array: components below 0 left out, invalid rows null."""
-    n, width = dense.shape
-    present = dense >= 0
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(present.sum(axis=1), out=offsets[1:])
-    columns = np.broadcast_to(np.arange(width), dense.shape)[present]
-    keys = regions.take(pa.array(columns, type=pa.int32())) if width else pa.array([], pa.string())
-    mask = None if valid is None else pa.array(~valid)
-    return pa.MapArray.from_arrays(pa.array(offsets), keys, pa.array(dense[present], pa.int64()), mask=mask)
-
-
 def _nullable(values: np.ndarray, none=_NONE) -> pa.Array:
     return pa.array(values, pa.int64(), mask=values == none)
-
-
-def _entries(vectors: pa.MapArray) -> tuple[np.ndarray, pa.Array, pa.Array]:
-    """The entries of a (possibly sliced) map array: the row each belongs to, its key, its value.
-
-    ``keys`` and ``items`` of a slice are its whole buffers', and its ``offsets`` point into them.
-    """
-    bounds = vectors.offsets.to_numpy()
-    lengths = np.where(vectors.is_valid().to_numpy(zero_copy_only=False), np.diff(bounds), 0)
-    owner = np.repeat(np.arange(len(vectors)), lengths)
-    entry = np.repeat(bounds[:-1], lengths) + np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    entry = pa.array(entry, pa.int64())
-    return owner, vectors.keys.take(entry), vectors.items.take(entry)
 
 
 # ------------------------------------------------------------------ one stream
@@ -211,7 +187,7 @@ class _Stream:
         self.source_offset = _int_column(table["source_offset"], MISSING)
         hb = table["hb_vector"].combine_chunks()
         self.hb_valid = hb.is_valid().to_numpy(zero_copy_only=False)
-        owner, hb_keys, hb_items = _entries(hb)
+        owner, hb_keys, hb_items = map_entries(hb)
         # The regions this stream names: every source region and every heartbeat vector's key.
         names = pc.unique(pa.concat_arrays([
             table["source_region"].combine_chunks().drop_null().cast(pa.string()), hb_keys.cast(pa.string()),
@@ -229,7 +205,7 @@ class _Stream:
 
     def dense(self, name: str) -> np.ndarray:
         """The vector column ``name`` (whose regions are among the stream's), dense; null rows all missing."""
-        return self._laid_out(*_entries(self.table[name].combine_chunks()))
+        return self._laid_out(*map_entries(self.table[name].combine_chunks()))
 
     def single(self, rows: np.ndarray) -> np.ndarray:
         """``{source_region: source_offset}`` of ``rows`` (a mask), dense; all missing elsewhere."""

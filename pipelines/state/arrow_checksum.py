@@ -26,6 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import cloudpickle
 
+from pipelines.arrow_vectors import map_entries
+
 SEED = 42
 _P1 = np.uint64(0x9E3779B185EBCA87)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -128,28 +130,21 @@ def _hash_column(column: pa.Array, seeds: np.ndarray) -> np.ndarray:
 def _hash_vectors(vectors: pa.Array, seeds: np.ndarray) -> np.ndarray:
     """``array_sort(map_entries(v))`` of each map<string, long>: its entries by key (bytes), each key then value."""
     out = seeds.copy()
-    bounds = vectors.offsets.to_numpy()
-    lengths = np.where(vectors.is_valid().to_numpy(zero_copy_only=False), np.diff(bounds), 0)
-    if not lengths.any():
+    owner, keys, values = map_entries(vectors)
+    if not len(owner):
         return out
-    owner = np.repeat(np.arange(len(vectors)), lengths)
-    # The entries of a (sliced) map array index its whole key and item buffers.
-    entry = np.repeat(bounds[:-1], lengths) + np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    keys = vectors.keys.take(pa.array(entry))
-    values = vectors.items.take(pa.array(entry)).to_numpy(zero_copy_only=False)
+    values = values.to_numpy(zero_copy_only=False)
     # Each row's entries sorted by key, as array_sort orders strings (by their UTF-8 bytes: code points).
     names = pc.dictionary_encode(keys)
     rank_of = np.argsort(np.argsort(np.array([s.encode() for s in names.dictionary.to_pylist()], dtype=object)))
-    rank = rank_of[names.indices.to_numpy()] if len(names.dictionary) else np.empty(0, np.int64)
-    order = np.lexsort((rank, owner))
+    order = np.lexsort((rank_of[names.indices.to_numpy()], owner))
     owner, keys, values = owner[order], keys.take(pa.array(order)), values[order]
-    position = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    position = np.arange(len(owner)) - np.searchsorted(owner, owner, side="left")
     # The k-th entries of every row at once: a row's hash so far is the seed of its next entry.
-    for k in range(int(lengths.max())):
+    for k in range(int(position.max()) + 1):
         at = np.flatnonzero(position == k)
         rows = owner[at]
-        h = hash_strings(keys.take(pa.array(at)), out[rows])
-        out[rows] = hash_longs(values[at], h)
+        out[rows] = hash_longs(values[at], hash_strings(keys.take(pa.array(at)), out[rows]))
     return out
 
 
