@@ -745,15 +745,22 @@ def stream_pass(
     Spark, only the summaries and anomalies, and the pass has run (every file written) when this
     returns, its output computed once and kept (``computed_once``).
     """
-    unknown = set(written or ()) - set(WRITTEN)
-    if unknown:
-        raise ValueError(f"the stream pass writes {', '.join(WRITTEN)} only, not {', '.join(sorted(unknown))}")
+    _check_written(written)
     positions = _positions(raw, read_positions)
     kernel = partial(stream_rows, bounds=bounds, written=written)
     if on_driver(rows):
         return local_batches(raw.sparkSession, kernel(iter(positions.toArrow().to_batches())), OUTPUT_STRUCT)
-    passed = positions.repartition(*PARTITION_KEYS).mapInArrow(kernel, OUTPUT_STRUCT)
-    # Run once, now: a second run would write the files again (the same files, but the work twice).
+    return _run_once(positions.repartition(*PARTITION_KEYS).mapInArrow(kernel, OUTPUT_STRUCT), written)
+
+
+def _check_written(written: Mapping[str, ArrowStage] | None) -> None:
+    unknown = set(written or ()) - set(WRITTEN)
+    if unknown:
+        raise ValueError(f"the stream pass writes {', '.join(WRITTEN)} only, not {', '.join(sorted(unknown))}")
+
+
+def _run_once(passed: DataFrame, written: Mapping[str, ArrowStage] | None) -> DataFrame:
+    """The pass's output; when it writes tables, run once, now: a second run would write the files again."""
     return computed_once(passed) if written else passed
 
 
@@ -787,17 +794,14 @@ def stream_pass_of_files(
     ``DeltaStore.stream_files`` (a snapshot ingested with its one exchange by stream); read positions
     (raw Venice records skipped by rule) must go through ``stream_pass``, which merges them in.
     """
-    unknown = set(written or ()) - set(WRITTEN)
-    if unknown:
-        raise ValueError(f"the stream pass writes {', '.join(WRITTEN)} only, not {', '.join(sorted(unknown))}")
+    _check_written(written)
     schema = to_arrow_schema(T.StructType([_SEGMENT_STRUCT[name] for name in INPUT_COLUMNS]))
     read = partial(file_rows, files=tuple(files), snapshot_id=snapshot_id, schema=schema)
 
     def kernel(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return stream_rows(read(ids), bounds=bounds, written=written)
 
-    passed = spark.range(0, len(files), 1, max(len(files), 1)).mapInArrow(kernel, OUTPUT_STRUCT)
-    return computed_once(passed) if written else passed
+    return _run_once(spark.range(0, len(files), 1, max(len(files), 1)).mapInArrow(kernel, OUTPUT_STRUCT), written)
 
 
 def watermarks_of_segments(annotated: DataFrame) -> DataFrame:

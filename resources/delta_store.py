@@ -764,10 +764,10 @@ class DeltaStore(dg.ConfigurableResource):
         check_snapshot_id(snapshot_id)
         if self._engine(spark) == "native" or not self.exists(table):
             return None
-        dt = DeltaTable(self.table_uri(table), storage_options=delta_storage_options())
+        uri = self.table_uri(table)
+        dt = DeltaTable(uri, storage_options=delta_storage_options())
         if _reader_features(dt) & {"deletionVectors", "columnMapping"}:
             return None
-        uri = self.table_uri(table)
         files = _files_by_snapshot(_add_actions(dt), uri, snapshot_id).get(snapshot_id, [])
         if not files or not all(file.uri[len(uri) + 1:].split("/", 1)[0].endswith(STREAMS_SUFFIX) for file in files):
             return None
