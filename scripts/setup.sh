@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Set up (or update) the project's virtual environment in .venv: everything comes from PyPI.
-# Needs Python 3.11 and a Java 17 runtime (for Spark). Safe to run again.
+# Set up (or update) the project's virtual environment in .venv from PyPI, and the pinned JVM parts
+# (jvm/pom.xml: Delta's Spark writer, Spark's Kafka source, a Kafka broker) from Maven Central into
+# jvm/lib/ (scripts/setup-jvm.sh). Needs Python 3.11 and a Java 17 runtime (for Spark); Maven for
+# the JVM parts. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,4 +31,5 @@ fi
 # Where PYTHONDONTWRITEBYTECODE is set (common in containers) every command would compile them
 # from source again at every start (docs/performance.md). Compile them once here.
 .venv/bin/python -m compileall -q assets pipelines explain resources schemas replica_lens
+./scripts/setup-jvm.sh
 echo "setup: .venv ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -n 1))"
