@@ -206,8 +206,8 @@ def divergence_reports(
         tables.stage(comparison.summary, "divergence_summary")
         # One row per topic partition and replica pair: read once for the totals and the preview.
         summary_rows = tables.frame("divergence_summary").collect()
-        totals = verdict_totals(summary_rows)
-        if totals["COMPARED"] == totals["CONSISTENT"]:
+        totals, pair_totals = key_totals(summary_rows), verdict_totals(summary_rows)
+        if pair_totals["COMPARED"] == pair_totals["CONSISTENT"]:
             # Every key is CONSISTENT (a healthy store): the reports are known empty, and their plan (the witnesses'
             # values looked up in every row) is never run.
             tables.stage_empty("divergence_reports")
@@ -220,7 +220,7 @@ def divergence_reports(
         tables.add_metadata(
             "divergence_reports",
             {
-                **{f"keys_{k.lower()}": v for k, v in totals.items()},
+                **count_metadata(totals, pair_totals),
                 **carried,
                 "by_replica_pair": dg.MetadataValue.md(divergence_by_pair(summary_rows)),
             },
@@ -232,7 +232,7 @@ def divergence_reports(
             dropped, retention = retention_plan(known, tables.frame(STATE), snapshot_id, keep)
         tables.add_metadata(STATE, retention)
         yield from tables.publish(after_commit={
-            "divergence_reports": lambda: report_metadata(context, store, reports, snapshot_id, totals),
+            "divergence_reports": lambda: report_metadata(context, store, reports, snapshot_id, totals, pair_totals),
         })
         # After the new state is committed: a failure here leaves extra states, which is safe, and the next audit
         # drops them. A concurrent audit that chose a dropped state refuses to use it (it re-reads its context).
@@ -244,7 +244,7 @@ def divergence_reports(
 
 def report_metadata(
     context: dg.AssetExecutionContext, store: DeltaStore, settings: ReportSettings, snapshot_id: str,
-    totals: dict[str, int],
+    totals: dict[str, Optional[int]], pair_totals: Optional[dict[str, int]] = None,
 ) -> dict:
     """Write the snapshot's report page from the committed tables; its link and the first keys' pictures.
 
@@ -255,7 +255,8 @@ def report_metadata(
     from explain.text import explain_command
 
     try:
-        report = build_report(store.warehouse_root, snapshot_id, totals, settings.page_pictures(), settings.redacting())
+        report = build_report(store.warehouse_root, snapshot_id, totals, settings.page_pictures(), settings.redacting(),
+                              pair_totals=pair_totals)
         metadata = {"report_page": dg.MetadataValue.path(report.uri), "keys_explained": len(report.docs),
                     "keys_pictured": report.pictured}
         if report.docs:
@@ -278,11 +279,41 @@ def comparison_rows(store: DeltaStore, snapshot_id: str) -> Optional[int]:
 
 VERDICT_COLUMNS = {"COMPARED": "keys_compared", "CONSISTENT": "consistent", "DIVERGENT": "divergent",
                    "MISSING": "missing", "IN_FLIGHT": "in_flight"}
+# The worst verdict first (the order a person asks in): "how many keys are wrong".
+COUNT_ORDER = ("COMPARED", "DIVERGENT", "MISSING", "IN_FLIGHT", "CONSISTENT")
 
 
 def verdict_totals(summary_rows) -> dict[str, int]:
-    """Keys per verdict over ``divergence_summary``'s rows (collected once by the step: one per topic partition and pair)."""
+    """Key pairs per verdict over ``divergence_summary``'s rows (one per topic partition and replica pair, collected
+    once by the step): a key of three replicas counts once per pair."""
     return {name: sum(int(row[column] or 0) for row in summary_rows) for name, column in VERDICT_COLUMNS.items()}
+
+
+def key_totals(summary_rows) -> dict[str, Optional[int]]:
+    """Keys per verdict (SPEC 10: each (topic, partition, key) once, under its worst verdict over its pairs): the
+    ``partition_keys_*`` of one row per topic partition, added up. None where a row lacks them (audited before)."""
+    per_partition = {(row["topic"], row["partition"]): row for row in summary_rows}
+    out: dict[str, Optional[int]] = {}
+    for name in VERDICT_COLUMNS:
+        values = [_field(row, f"partition_keys_{name.lower()}") for row in per_partition.values()]
+        out[name] = None if any(v is None for v in values) else sum(int(v) for v in values)
+    return out
+
+
+def _field(row, name: str):
+    try:
+        return row[name]
+    except (KeyError, ValueError):  # a Spark Row or a dict without the column
+        return None
+
+
+def count_metadata(keys: dict[str, Optional[int]], key_pairs: dict[str, int]) -> dict[str, int]:
+    """The materialization's counts, keys first (``keys_*``), then key pairs under their own name (``key_pairs_*``)."""
+    return {
+        **{f"keys_{name.lower()}": dg.MetadataValue.int(int(keys[name])) for name in COUNT_ORDER
+           if keys.get(name) is not None},
+        **{f"key_pairs_{name.lower()}": dg.MetadataValue.int(int(key_pairs[name])) for name in COUNT_ORDER},
+    }
 
 
 EXAMPLE_COLUMNS = ("topic", "partition", "replica_a", "replica_b", "key", "verdict")
@@ -295,21 +326,46 @@ EXAMPLE_COLUMNS = ("topic", "partition", "replica_a", "replica_b", "key", "verdi
     partitions_def=snapshot_partitions,
 )
 def no_proven_divergence(context: dg.AssetCheckExecutionContext, spark: SparkResource, store: DeltaStore):
-    # The counts and the first proven keys in one query; none at all when the Delta log says the reports are empty.
+    # The key pairs and the first proven ones in one query; none at all when the Delta log says the reports are empty.
     found, counts = matching_rows(
         spark, store, "divergence_reports", context.partition_key, F.col("verdict").isin(*PROVEN),
         [F.col(c) for c in ("topic", "partition", "replica_a", "replica_b", "key")],
         {v: F.count_if(F.col("verdict") == v) for v in PROVEN}, EXAMPLE_KEYS, list(EXAMPLE_COLUMNS),
     )
     examples = [{k: r[k] for k in EXAMPLE_COLUMNS} for r in found]
-    total = sum(counts.values())
+    pairs = sum(counts.values())
+    # Keys (each once, under its worst verdict) from the step's summary: a few rows, read without Spark.
+    keys = committed_key_totals(store, context.partition_key)
+    metadata = {}
+    if keys["DIVERGENT"] is not None and keys["MISSING"] is not None:
+        metadata |= {"keys_divergent": keys["DIVERGENT"], "keys_missing": keys["MISSING"]}
+    metadata |= {
+        "key_pairs_divergent": counts.get("DIVERGENT", 0),
+        "key_pairs_missing": counts.get("MISSING", 0),
+        "example_keys": dg.MetadataValue.json(examples),
+    }
+    if pairs == 0:
+        description = None
+    elif "keys_divergent" in metadata:
+        proven = keys["DIVERGENT"] + keys["MISSING"]
+        description = (f"{proven} key(s) proven divergent or missing ({keys['DIVERGENT']} DIVERGENT, "
+                       f"{keys['MISSING']} MISSING), in {pairs} key pair(s)")
+    else:  # a snapshot audited before keys were counted: key pairs only, named so
+        description = f"{pairs} key pair(s) proven divergent or missing"
     return dg.AssetCheckResult(
-        passed=total == 0,
+        passed=pairs == 0,
         severity=dg.AssetCheckSeverity.ERROR,
-        metadata={
-            "divergent": counts.get("DIVERGENT", 0),
-            "missing": counts.get("MISSING", 0),
-            "example_keys": dg.MetadataValue.json(examples),
-        },
-        description=None if total == 0 else f"{total} key(s) proven divergent or missing",
+        metadata=metadata,
+        description=description,
     )
+
+
+def committed_key_totals(store: DeltaStore, snapshot_id: str) -> dict[str, Optional[int]]:
+    """``key_totals`` of the snapshot's committed ``divergence_summary`` (delta-rs, no Spark: a row per pair)."""
+    from resources.delta_reader import TableReader
+
+    names = [f"partition_keys_{v.lower()}" for v in VERDICT_COLUMNS]
+    table = TableReader(store.warehouse_root).read(
+        "divergence_summary", snapshot_id, columns=["topic", "partition"], optional=names
+    )
+    return key_totals([] if table is None else table.to_pylist())

@@ -2,22 +2,25 @@
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from explain.markdown import md_text
+
 ROWS_SHOWN = 10
 
 
 def markdown_table(rows, columns: list[tuple[str, str]], empty: str) -> str:
-    """``columns`` are (field, heading) pairs; ``rows`` are Spark Rows or dicts."""
+    """``columns`` are (field, heading) pairs; ``rows`` are Spark Rows or dicts. Every cell is data, escaped
+    (``md_text``: a replica, topic or exporter name with ``|``, ``_`` or ``*`` renders as itself)."""
     if not rows:
-        return f"_{empty}_"
-    head = "| " + " | ".join(h for _, h in columns) + " |\n|" + "---|" * len(columns) + "\n"
+        return f"_{md_text(empty)}_"
+    head = "| " + " | ".join(md_text(h) for _, h in columns) + " |\n|" + "---|" * len(columns) + "\n"
     body = "".join(
-        "| " + " | ".join("-" if r[f] is None else str(r[f]) for f, _ in columns) + " |\n" for r in rows
+        "| " + " | ".join("-" if r[f] is None else md_text(r[f]) for f, _ in columns) + " |\n" for r in rows
     )
     return head + body
 
 
 def divergence_by_pair(summary_rows) -> str:
-    """Keys per verdict for each replica pair (over topics and partitions), the most proven first.
+    """Key pairs per verdict for each replica pair (its keys, over topics and partitions), the most proven first.
 
     ``summary_rows`` are ``divergence_summary``'s rows, collected once by the step (one row per
     topic partition and pair: small), which also totals them (``assets.divergence.verdict_totals``).
@@ -36,8 +39,8 @@ def divergence_by_pair(summary_rows) -> str:
     rows.sort(key=lambda r: (-(r["divergent"] + r["missing"]), r["replica_a"], r["replica_b"]))
     return markdown_table(
         rows[:ROWS_SHOWN],
-        [("replica_a", "replica A"), ("replica_b", "replica B"), ("compared", "keys compared"),
-         ("divergent", "DIVERGENT"), ("missing", "MISSING"), ("in_flight", "IN_FLIGHT")],
+        [("replica_a", "replica A"), ("replica_b", "replica B"), ("compared", "key pairs compared"),
+         ("divergent", "DIVERGENT key pairs"), ("missing", "MISSING key pairs"), ("in_flight", "IN_FLIGHT key pairs")],
         "no replica pair shares a partition in this snapshot",
     )
 

@@ -3,6 +3,7 @@
 import dagster as dg
 
 from assets.tables import StepTables, read_stage, schema_check_spec
+from explain.markdown import md_text
 from pipelines.trend import audit_trend as build_trend
 from resources.delta_store import DeltaStore
 from resources.spark import SparkResource
@@ -38,7 +39,7 @@ def trend_markdown(rows) -> str:
     header = "| snapshot | divergent | missing | in flight | quarantined | anomalies | worst p99 lag (ms) |\n"
     header += "|---|---:|---:|---:|---:|---:|---:|\n"
     body = "".join(
-        f"| {r['snapshot_id']} | {r['divergent']} | {r['missing']} | {r['in_flight']} | {r['rows_quarantined']}"
+        f"| {md_text(r['snapshot_id'])} | {r['divergent']} | {r['missing']} | {r['in_flight']} | {r['rows_quarantined']}"
         f" | {r['stream_anomalies']} | {r['worst_lag_p99_ms'] if r['worst_lag_p99_ms'] is not None else '-'} |\n"
         for r in rows
     )

@@ -18,6 +18,8 @@ What each field means (the contract is docs/explain.md):
   witness, ``blocking`` (IN_FLIGHT: which components keep the last versions from proving
   anything, and on which side) and ``resolution`` (DIVERGENT/MISSING: which replica holds
   what deterministic conflict resolution keeps).
+- ``odd_one_out``: with three or more replicas, per write behind both witness versions of a DIVERGENT pair, the
+  replica holding other content for it than all the others, which agree (evidence apart from ``resolution``).
 """
 from __future__ import annotations
 
@@ -276,6 +278,45 @@ def resolution(report: dict, v: dict, w: dict, name_a: str, name_b: str) -> Opti
             "rule": "LARGER_WRITE_TS"}
 
 
+def odd_one_out(replicas: list[dict], pairs: list[dict]) -> list[dict]:
+    """SPEC 10's ``odd_one_out``: per write that made both witness versions of a DIVERGENT pair (the same write, other
+    content), the one replica holding other content for it than all the others, which agree (at least two).
+
+    Evidence from the other replicas, apart from ``resolution``: three or more replicas hold a version made by the
+    write; every one but one holds only the same content for it (a replica holding several versions made by the
+    write agrees only when all of them hold that content); the one left holds other content. Nothing is named when
+    the others disagree among themselves. Ordered by (source_region, source_offset).
+    """
+    by_name = {r["replica"]: r for r in replicas}
+    writes = set()
+    for pair in pairs:
+        if pair["verdict"] != "DIVERGENT" or pair["witness"] is None:
+            continue
+        v = _by_offset(by_name[pair["replica_a"]]["versions"], pair["witness"]["offset_a"])
+        w = _by_offset(by_name[pair["replica_b"]]["versions"], pair["witness"]["offset_b"])
+        source = (v["source_region"], v["source_offset"])
+        if None not in source and source == (w["source_region"], w["source_offset"]):
+            writes.add(source)
+    found = []
+    for region, offset in sorted(writes):
+        contents = {}  # replica -> the contents it holds for the write
+        for replica in replicas:
+            held = {x["value_hash"] for x in replica["versions"]
+                    if (x["source_region"], x["source_offset"]) == (region, offset)}
+            if held:
+                contents[replica["replica"]] = held
+        if len(contents) < 3:
+            continue
+        for odd in sorted(contents):
+            others = [held for name, held in contents.items() if name != odd]
+            agreed = others[0]
+            if len(agreed) == 1 and all(held == agreed for held in others) and contents[odd] != agreed:
+                found.append({"replica": odd, "source_region": region, "source_offset": offset,
+                              "agreeing": sorted(name for name in contents if name != odd)})
+                break
+    return found
+
+
 def _pair(a: dict, b: dict, report: Optional[dict]) -> dict:
     name_a, name_b = a["replica"], b["replica"]
     va, vb = a["versions"], b["versions"]
@@ -320,6 +361,7 @@ def explain(
         "redacted": False,
         "replicas": explained,
         "pairs": pairs,
+        "odd_one_out": odd_one_out(explained, pairs),
     }
     for replica in explained:
         for version in replica["versions"]:

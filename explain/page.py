@@ -131,6 +131,14 @@ def _replica(replica: dict, roles: dict) -> str:
     return f'{head}<table class="versions" data-replica="{_e(name)}"><tr>{headings}</tr>{rows}</table>'
 
 
+def _odd_one_out(doc: dict) -> str:
+    entries = doc.get("odd_one_out") or []
+    if not entries:
+        return ""
+    items = "".join(f'<li data-replica="{_e(o["replica"])}">{_e(text.odd_one_out_sentence(o))}</li>' for o in entries)
+    return f'<h2>Odd one out</h2><ul class="odd-one-out">{items}</ul>'
+
+
 def explanation_html(doc: dict, picture: str) -> str:
     """The body of one key's explanation; ``picture`` is HTML already (an inline ``<svg>``, or a note)."""
     roles = text.witness_roles(doc)
@@ -139,6 +147,7 @@ def explanation_html(doc: dict, picture: str) -> str:
         f'<div class="timeline">{picture}</div>',
         "<h2>Pairs</h2>",
         *(_pair(doc, pair) for pair in doc["pairs"]),
+        _odd_one_out(doc),
         "<h2>Replicas</h2>",
         *(_replica(replica, roles) for replica in doc["replicas"]),
     ])
@@ -175,7 +184,7 @@ def _fold(doc: dict, i: int, picture: Optional[str], warehouse: str) -> str:
 
 
 def _summary(summary: dict, docs: list[dict], pictures: int) -> str:
-    counts = "".join(f'<span class="verdict-count">{_e(v)}: {_e(summary[v])}</span>'
+    counts = "".join(f'<span class="verdict-count" data-verdict="{_e(v)}">{_e(v)} keys: {_e(summary[v])}</span>'
                      for v in sorted(VERDICT_ORDER, key=VERDICT_ORDER.get) if v in summary)
     extra = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in summary.items()
                     if k != "snapshot_id" and k not in VERDICT_ORDER)
@@ -190,7 +199,8 @@ def _summary(summary: dict, docs: list[dict], pictures: int) -> str:
 def snapshot_page(summary: dict, docs: list[dict], pictures: int) -> str:
     """The report of one snapshot: ``summary`` then every one of ``docs`` (in the order given) as a fold.
 
-    ``summary``: ``snapshot_id``; the keys per verdict under the verdict names (``DIVERGENT``: 10 ...);
+    ``summary``: ``snapshot_id``; the keys per verdict under the verdict names (``DIVERGENT``: 10 ...; each key once,
+    under its worst verdict: key pairs only under a name that says so, in the other items);
     ``warehouse`` (named in the commands that draw the pictures left out); any other item is shown
     in a small table. The first ``pictures`` documents get their picture inline.
     """

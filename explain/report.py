@@ -16,10 +16,10 @@ given as data URIs, as its own examples do).
 from __future__ import annotations
 
 import base64
-import re
 from dataclasses import dataclass
 from typing import Optional
 
+from explain.markdown import md_code_block, md_text
 from explain.document import REPORT_VALUE_CHARS, VERDICT_ORDER, display_value, redact, worst_verdict
 from explain.reading import SnapshotTables, explain_places
 from resources.delta_reader import warehouse_uri
@@ -53,37 +53,43 @@ class SnapshotReport:
         parts = [key_markdown(doc, full=False) for doc in shown]
         more = len(self.docs) - len(shown)
         if more:
-            parts.append(f"_{more} more key(s) in the report page ({self.uri})._")
+            parts.append(f"_{more} more key(s) in the report page:_ {md_text(self.uri)}")
         return "\n".join(parts)
 
 
 def key_markdown(doc: dict, full: bool = True) -> str:
     """One key as Markdown (Dagster's UI): its verdicts in a line, the picture as a PNG data URI and, when ``full``,
     the whole text explanation."""
-    from explain.text import pair_headline, render_text
+    from explain.text import odd_one_out_sentence, pair_headline, render_text
     from explain.timeline import png
 
     picture = base64.b64encode(png(doc)).decode("ascii")
+    # Every piece of data is escaped (keys, names and paths are user data: md_text); the picture's data URI is ours.
     lines = [
-        f"**{worst_verdict(doc)}** `{doc['key']}` in {doc['topic']}/{doc['partition']}: "
-        + "; ".join(pair_headline(doc, p) for p in doc["pairs"] if p["verdict"] != "CONSISTENT"),
-        "",
-        f"![timeline of {doc['key']}](data:image/png;base64,{picture})",
+        f"**{worst_verdict(doc)}** {md_text(doc['key'])} in {md_text(doc['topic'])}/{doc['partition']}: "
+        + md_text("; ".join(pair_headline(doc, p) for p in doc["pairs"] if p["verdict"] != "CONSISTENT")),
         "",
     ]
+    lines += [f"- {md_text(sentence)}" for sentence in map(odd_one_out_sentence, doc.get("odd_one_out") or [])]
+    lines += [
+        "" if doc.get("odd_one_out") else None,
+        f"![timeline of {md_text(doc['key'])}](data:image/png;base64,{picture})",
+        "",
+    ]
+    lines = [line for line in lines if line is not None]
     if full:
-        text = render_text(doc).rstrip("\n")
-        fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))  # longer than any in it
-        lines += [fence, text, fence, ""]
+        lines += [md_code_block(render_text(doc).rstrip("\n")), ""]
     return "\n".join(lines)
 
 
 def build_report(
-    warehouse: str, snapshot_id: str, totals: dict[str, int], pictures: int, redacting: bool
+    warehouse: str, snapshot_id: str, totals: dict[str, Optional[int]], pictures: int, redacting: bool,
+    pair_totals: Optional[dict[str, int]] = None,
 ) -> SnapshotReport:
     """Explain every reported key of the snapshot and write the page; return where, and the explanations.
 
-    ``totals``: keys per verdict (``DIVERGENT``, ... and ``COMPARED``), as the divergence step counted them.
+    ``totals``: keys per verdict (``DIVERGENT``, ... and ``COMPARED``; each key once, under its worst verdict), as
+    the divergence step counted them; ``pair_totals``: key pairs per verdict (a key once per replica pair).
     """
     from explain.page import snapshot_page
 
@@ -115,8 +121,12 @@ def build_report(
         for doc in docs:
             redact(doc)
     uri = report_uri(warehouse, snapshot_id)
-    summary = {"snapshot_id": snapshot_id, **{v: totals[v] for v in VERDICT_ORDER if v in totals},
-               "keys compared": totals.get("COMPARED"), "warehouse": warehouse,
-               "values": "redacted (hashes only)" if redacting else "shown"}
+    summary = {"snapshot_id": snapshot_id, **{v: totals[v] for v in VERDICT_ORDER if totals.get(v) is not None},
+               "keys compared": totals.get("COMPARED")}
+    if pair_totals is not None:  # key pairs only under a name that says so (SPEC 10)
+        summary["key pairs compared"] = pair_totals.get("COMPARED")
+        summary["key pairs per verdict"] = ", ".join(
+            f"{v} {pair_totals[v]}" for v in sorted(VERDICT_ORDER, key=VERDICT_ORDER.get) if v in pair_totals)
+    summary |= {"warehouse": warehouse, "values": "redacted (hashes only)" if redacting else "shown"}
     Location.of(uri).write_text(snapshot_page(summary, docs, pictures))
     return SnapshotReport(uri=uri, docs=docs, pictured=min(pictures, len(docs)))

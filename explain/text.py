@@ -160,10 +160,27 @@ def resolution_sentence(doc: dict, pair: dict) -> Optional[str]:
     if unknown:
         return f"Which replica deviates cannot be told: {' and '.join(unknown)} carries no write timestamp."
     if (v["source_region"], v["source_offset"]) == (w["source_region"], w["source_offset"]):
+        told = [odd_one_out_sentence(o) for o in doc.get("odd_one_out") or []
+                if (o["source_region"], o["source_offset"]) == (v["source_region"], v["source_offset"])
+                and o["replica"] in (a, b)]
         return (f"Which replica deviates cannot be told: both hold the same write "
-                f"({v['source_region']}:{v['source_offset']}, write_ts {v['write_ts']}) with different content.")
+                f"({v['source_region']}:{v['source_offset']}, write_ts {v['write_ts']}) with different content."
+                + "".join(f" The other replicas tell: {sentence}" for sentence in told))
     return (f"Which replica deviates cannot be told: both versions carry write_ts {v['write_ts']}, "
             "so conflict resolution does not order them.")
+
+
+def _names(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
+
+
+def odd_one_out_sentence(entry: dict) -> str:
+    """One ``odd_one_out`` entry: ``dc-b holds other content for write dc-a@123 than dc-a and dc-c, which agree``."""
+    agreeing = entry["agreeing"]
+    return (f"{entry['replica']} holds other content for write {entry['source_region']}@{entry['source_offset']} "
+            f"than {_names(agreeing)}, which agree ({len(agreeing)} of the {len(agreeing) + 1} replicas holding it): "
+            f"{entry['replica']} is the odd one out.")
 
 
 def _blocked(doc: dict, pair: dict, entry: dict) -> str:
@@ -460,6 +477,11 @@ def render_text(doc: dict) -> str:
     lines += [""] + _wrap(LEGEND)
     for pair in doc["pairs"]:
         lines += [""] + _pair_lines(doc, pair)
+    odd = doc.get("odd_one_out") or []
+    if odd:
+        lines += ["", "odd one out (the other replicas' evidence, apart from the write times):"]
+        for entry in odd:
+            lines += _wrap(odd_one_out_sentence(entry), INDENT + "- ", INDENT + "  ")
     roles = witness_roles(doc)
     for replica in doc["replicas"]:
         lines += [""] + _replica_lines(replica, roles)

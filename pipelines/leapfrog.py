@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, reduce
 from typing import Iterator, Sequence
 
 from pyspark import cloudpickle
@@ -109,6 +109,8 @@ PART = ("snapshot_id", "topic", "partition")
 PAIR = (*PART, "replica_a", "replica_b")
 REPLICA_PARTITION = ("snapshot_id", "replica", "topic", "partition")
 SIDES = ("a", "b")
+# The verdicts, worst first: a key counts once, under the worst verdict of its pairs (SPEC 10, "a key").
+KEY_VERDICTS = ("DIVERGENT", "MISSING", "IN_FLIGHT", "CONSISTENT")
 
 
 # --------------------------------------------------------------- the search (numpy)
@@ -200,7 +202,9 @@ def compare_columns(regions: int) -> T.StructType:
     """What ``compare_keys`` returns: rows of two kinds, told apart by a null ``pair_id``.
 
     Per (pair, key), ``pair_id`` set: counts, last rows, and the witness when proven. Per
-    (topic partition, key, replica), ``pair_id`` null: the key's last version there
+    topic partition, ``pair_id`` and ``replica_id`` null: its keys this task holds counted once each, under their
+    worst verdict over the partition's pairs (``part_keys_*``; a key's rows are all in one task, so the tasks' counts
+    add up). Per (topic partition, key, replica), ``pair_id`` null: the key's last version there
     (``last_*``; ``last_touch_{r}``, ``last_reach_{r}``: its ``U`` and ``M``, ``U`` known when
     ``last_known``; ``last_missing``: positions missing before it), the reach of ⊥
     (``first_lower_{r}``: ``L`` of its first row, or ``L`` at the first gap before that row) and
@@ -217,11 +221,12 @@ def compare_columns(regions: int) -> T.StructType:
         T.StructField(f"{v}_{r}", T.LongType())
         for v in ("first_lower", "touched", "last_touch", "last_reach") for r in range(regions)
     ]
+    per_part = [T.StructField(f"part_keys_{v.lower()}", T.LongType()) for v in KEY_VERDICTS]
     return T.StructType(
         [T.StructField("pair_id", T.LongType()), T.StructField("proven", T.BooleanType())]
         + [T.StructField(c, T.StringType()) for c in strings]
         + [T.StructField(c, T.LongType()) for c in longs + vectors]
-        + per_replica
+        + per_replica + per_part
     )
 
 
@@ -468,8 +473,14 @@ def _versions(rows: _Rows, side: dict, keys: np.ndarray) -> dict[str, np.ndarray
     return {c: np.concatenate([columns[c], bottom[c]]) for c in columns}
 
 
-def _compare_pair(rows: _Rows, plan: PairPlan, schema: pa.Schema) -> pa.RecordBatch | None:
-    """Every key of one pair in this partition: counts, last versions, and the first proof if any."""
+def _compare_pair(
+    rows: _Rows, plan: PairPlan, schema: pa.Schema
+) -> tuple[pa.RecordBatch, np.ndarray, np.ndarray] | None:
+    """Every key of one pair in this partition: counts, last versions, and the first proof if any.
+
+    With the batch, the keys (codes of ``rows.key_names``) and each one's verdict as its index in ``KEY_VERDICTS``,
+    decided as ``_verdicts`` decides it in Spark (the per-key counts of the topic partition).
+    """
     # The rows are sorted by topic partition first: this pair's are one slice.
     lo, hi = np.searchsorted(rows.part, plan.part_id, side="left"), np.searchsorted(rows.part, plan.part_id, side="right")
     members = [lo + np.flatnonzero(rows.replica[lo:hi] == replica) for replica in plan.replica_ids]
@@ -522,7 +533,42 @@ def _compare_pair(rows: _Rows, plan: PairPlan, schema: pa.Schema) -> pa.RecordBa
         row = np.where(bottom | ~proven, 0, side["first"] + version - side["sop"])
         for name, values in _witness_columns(rows, row, bottom | ~proven, side["bottom_reach"], s).items():
             columns[name] = pc.if_else(pa.array(proven), values, pa.nulls(count, values.type))
-    return _batch(columns, count, schema)
+    return _batch(columns, count, schema), keys, _verdict_codes(rows, sides, proven)
+
+
+def _verdict_codes(rows: _Rows, sides: list[dict], proven: np.ndarray) -> np.ndarray:
+    """Each key's verdict in one pair as its index in ``KEY_VERDICTS``: ``_verdicts``' rule over the same facts."""
+    last_tokens = []
+    for side in sides:
+        has = side["rows"] > 0
+        last = np.where(has, side["first"] + side["rows"] - 1, 0)
+        # A side without rows holds ⊥ (ABSENT, -1, no data token has it) when its dump starts with START_OF_PUSH.
+        last_tokens.append(np.where(has, rows.token[last], -1 if side["sop"] else -2))
+    rows_a, rows_b = sides[0]["rows"], sides[1]["rows"]
+    unseen = (rows_a + sides[0]["sop"] == 0) | (rows_b + sides[1]["sop"] == 0)
+    in_flight = unseen | (last_tokens[0] != last_tokens[1])
+    return np.where(proven & ((rows_a == 0) | (rows_b == 0)), 1,
+                    np.where(proven, 0, np.where(in_flight, 2, 3))).astype(np.int64)
+
+
+def _key_counts(found: dict[int, list[tuple[np.ndarray, np.ndarray]]], schema: pa.Schema) -> pa.RecordBatch | None:
+    """Per topic partition: its keys here counted once each, under their worst verdict over its pairs."""
+    if not found:
+        return None
+    parts, counts = [], []
+    for part_id, per_pair in sorted(found.items()):
+        keys = np.concatenate([k for k, _ in per_pair])
+        codes = np.concatenate([c for _, c in per_pair])
+        order = np.lexsort((codes, keys))  # each key's worst (smallest) verdict first
+        keys, codes = keys[order], codes[order]
+        first = np.r_[True, keys[1:] != keys[:-1]]
+        parts.append(part_id)
+        counts.append(np.bincount(codes[first], minlength=len(KEY_VERDICTS)))
+    table = np.array(counts, dtype=np.int64).reshape(len(parts), len(KEY_VERDICTS))
+    columns = {"part_id": pa.array(np.array(parts, dtype=np.int64))}
+    for i, verdict in enumerate(KEY_VERDICTS):
+        columns[f"part_keys_{verdict.lower()}"] = pa.array(table[:, i])
+    return _batch(columns, len(parts), schema)
 
 
 def compare_keys(
@@ -536,8 +582,8 @@ def compare_keys(
     and the reach ⊥ would have if the row were its key's first: ``L``, or ``L`` at the dump's first gap when a gap
     lies before the row; one column per region of ``region_names``) and the columns of ``_PAYLOAD``; with ``state``,
     also the carried versions the snapshot continues (``is_prior``, ``_prior_rows``). Output: ``compare_columns``,
-    one row per (pair, key) either replica of the pair holds here, and one per (key, replica) with the key's last
-    version there (for the replica state).
+    one row per (pair, key) either replica of the pair holds here, one per (key, replica) with the key's last
+    version there (for the replica state), and one per topic partition with its keys here per worst verdict.
 
     ``state``: the pass writes the replica state's VERSION rows itself instead (``StateFiles``, as
     ``next_state`` makes them), one file per task, and returns per replica partition only its rows and
@@ -572,11 +618,17 @@ def compare_keys(
             raise
         yield _state_sums(versions, columns, schema)
     present = set(np.unique(rows.part[rows.first]).tolist())
+    found: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     for plan in pairs:
         if plan.part_id in present:
-            batch = _compare_pair(rows, plan, schema)
-            if batch is not None:
+            compared = _compare_pair(rows, plan, schema)
+            if compared is not None:
+                batch, keys, codes = compared
+                found.setdefault(plan.part_id, []).append((keys, codes))
                 yield batch
+    counted = _key_counts(found, schema)
+    if counted is not None:
+        yield counted
 
 
 _ARROW = {T.LongType: pa.int64(), T.StringType: pa.string(), T.BooleanType: pa.bool_()}
@@ -651,6 +703,12 @@ _PAIRS = T.StructType([
     T.StructField("partition", T.IntegerType()), T.StructField("replica_a", T.StringType()),
     T.StructField("replica_b", T.StringType()), T.StructField("pair_id", T.LongType()),
     T.StructField("sop_a", T.BooleanType()), T.StructField("sop_b", T.BooleanType()),
+])
+
+
+_PARTS = T.StructType([
+    T.StructField("snapshot_id", T.StringType()), T.StructField("topic", T.StringType()),
+    T.StructField("partition", T.IntegerType()), T.StructField("part_id", T.IntegerType()),
 ])
 
 
@@ -766,7 +824,31 @@ def _with_values(reports: DataFrame, values: DataFrame | None) -> DataFrame:
     return reports
 
 
-def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
+PARTITION_KEY_COUNTS = ("partition_keys_compared", *(f"partition_keys_{v.lower()}" for v in KEY_VERDICTS))
+
+
+def _partition_keys(compared: DataFrame, layout: ComparisonLayout) -> DataFrame:
+    """Per topic partition: its keys, each counted once under its worst verdict over the partition's pairs.
+
+    The pass counted them per task (``_key_counts``); this adds the tasks' few rows up (one per topic partition and
+    task), named by the partition.
+    """
+    spark = compared.sparkSession
+    parts = local_frame(spark, sorted({(rp[0], rp[2], rp[3], rp[4]) for rp in layout.replica_partitions}), _PARTS)
+    counted = compared.where(F.col("pair_id").isNull() & F.col("replica_id").isNull() & F.col("part_id").isNotNull())
+    sums = counted.groupBy("part_id").agg(*[
+        F.sum(f"part_keys_{v.lower()}").alias(f"partition_keys_{v.lower()}") for v in KEY_VERDICTS
+    ])
+    return parts.join(sums, on="part_id", how="inner").select(
+        *PART, (reduce(lambda x, y: x + y, [F.col(f"partition_keys_{v.lower()}") for v in KEY_VERDICTS]))
+        .alias("partition_keys_compared"), *[f"partition_keys_{v.lower()}" for v in KEY_VERDICTS],
+    )
+
+
+def _summary(pairs: DataFrame, verdicts: DataFrame, partition_keys: DataFrame) -> DataFrame:
+    """Per replica pair and topic partition: its key pairs per verdict, and the topic partition's keys per verdict
+    (``partition_keys_*``, each key once under its worst verdict over the partition's pairs; the same on every pair
+    row of the partition)."""
     def count_of(verdict: str) -> Column:
         return F.sum((F.col("verdict") == verdict).cast(T.LongType()))
 
@@ -780,9 +862,9 @@ def _summary(pairs: DataFrame, verdicts: DataFrame) -> DataFrame:
     )
     zero = F.lit(0).cast(T.LongType())
     # A pair whose partition holds no data rows still gets its row, all zeros.
-    return pairs.select(*PAIR).join(counts, on=list(PAIR), how="left").select(
-        *PAIR, *[F.coalesce(F.col(c), zero).alias(c) for c in counted]
-    )
+    return pairs.select(*PAIR).join(counts, on=list(PAIR), how="left").join(
+        partition_keys, on=list(PART), how="left"
+    ).select(*PAIR, *[F.coalesce(F.col(c), zero).alias(c) for c in (*counted, *PARTITION_KEY_COUNTS)])
 
 
 def _gap_bounds(regions: list[str], gaps: bool) -> list[Column]:
@@ -857,7 +939,7 @@ def compare(
     verdicts = _verdicts(per_pair, pairs, layout.regions)
     reports = _with_values(verdicts.where(F.col("verdict") != "CONSISTENT"), values)
     regions = layout.regions
-    per_replica = compared.where(F.col("pair_id").isNull()).join(
+    per_replica = compared.where(F.col("pair_id").isNull() & F.col("replica_id").isNotNull()).join(
         F.broadcast(ids), on=["part_id", "replica_id"], how="inner"
     )
     last_versions = state_sums = None
@@ -872,7 +954,7 @@ def compare(
         state_sums = per_replica.select(*REPLICA_PARTITION, "state_rows", "state_checksum")
     return Comparison(
         reports=conform(reports, DivergenceReports.to_structtype()),
-        summary=conform(_summary(pairs, verdicts), DivergenceSummary.to_structtype()),
+        summary=conform(_summary(pairs, verdicts, _partition_keys(compared, layout)), DivergenceSummary.to_structtype()),
         last_versions=last_versions,
         state_sums=state_sums,
     )

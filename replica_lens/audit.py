@@ -30,6 +30,8 @@ class SnapshotAudit:
     run_id: str
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)  # asset -> metadata values
     failed_checks: list[str] = field(default_factory=list)
+    # asset:check -> the description of a check that did not pass (what the UI shows beside it)
+    check_descriptions: dict[str, str] = field(default_factory=dict)
     error: Optional[str] = None
 
     def value(self, asset: str, key: str, default: Any = None) -> Any:
@@ -132,7 +134,10 @@ def run_audit(
         }
     for evaluation in result.get_asset_check_evaluations():
         if not evaluation.passed:
-            audit.failed_checks.append(f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}")
+            name = f"{evaluation.asset_key.to_user_string()}:{evaluation.check_name}"
+            audit.failed_checks.append(name)
+            if evaluation.description:
+                audit.check_descriptions[name] = evaluation.description
     if not result.success:
         failures = [e for e in result.all_events if e.is_step_failure]
         if failures:
@@ -183,15 +188,20 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
         lines.append(f"  positions lost to quarantine: {lost}, each a gap of one position in its dump (raw_topic_quarantine)")
     div = audit.metadata.get("divergence_reports")
     if div:
-        lines.append(
-            "  keys compared {c}: consistent {ok}, DIVERGENT {d}, MISSING {m}, IN_FLIGHT {f}".format(
-                c=div.get("keys_compared"),
-                ok=div.get("keys_consistent"),
-                d=div.get("keys_divergent"),
-                m=div.get("keys_missing"),
-                f=div.get("keys_in_flight"),
+        # Keys first (each once, under its worst verdict over its replica pairs), then key pairs (SPEC 10).
+        for name, prefix in (("keys", "keys"), ("key pairs", "key_pairs")):
+            if div.get(f"{prefix}_compared") is None:
+                continue
+            lines.append(
+                "  {name} compared {c}: DIVERGENT {d}, MISSING {m}, IN_FLIGHT {f}, consistent {ok}".format(
+                    name=name,
+                    c=div.get(f"{prefix}_compared"),
+                    ok=div.get(f"{prefix}_consistent"),
+                    d=div.get(f"{prefix}_divergent"),
+                    m=div.get(f"{prefix}_missing"),
+                    f=div.get(f"{prefix}_in_flight"),
+                )
             )
-        )
         if div.get("report_page"):
             lines.append(f"  report page: {div['report_page']} ({div.get('keys_explained')} key(s) explained, "
                          f"{div.get('keys_pictured')} with a picture)")
@@ -453,8 +463,14 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
         "why_not_audited": quarantine.get("why_not_audited") or {},
         "push_settings_from": quarantine.get("push_settings_from") or {},
         "push_settings_disagreements": quarantine.get("push_settings_disagreements") or {},
+        # Keys per verdict: each (topic, partition, key) once, under its worst verdict over its replica pairs.
         "verdicts": {
             name: divergence.get(f"keys_{name}") for name in ("compared", "consistent", "divergent", "missing", "in_flight")
+        },
+        # Key pairs per verdict: a key once per replica pair holding its partition (three replicas: three pairs).
+        "key_pair_verdicts": {
+            name: divergence.get(f"key_pairs_{name}")
+            for name in ("compared", "consistent", "divergent", "missing", "in_flight")
         },
         # The page explaining every key that is not CONSISTENT, and the command explaining the most important one.
         "report_page": divergence.get("report_page"),

@@ -219,6 +219,7 @@ def explain_key_op(
         metadata={
             "verdict": worst_verdict(doc),
             "verdicts": dg.MetadataValue.json(verdicts),
+            "odd_one_out": dg.MetadataValue.json(doc.get("odd_one_out") or []),
             "explanation": dg.MetadataValue.md(key_markdown(doc)),
             "document": dg.MetadataValue.json(doc),
         },

@@ -51,7 +51,14 @@ class DivergenceReports(pa.DataFrameModel):
 
 
 class DivergenceSummary(pa.DataFrameModel):
-    """Keys per verdict for each pair of replicas holding the same topic partition."""
+    """Key pairs per verdict for each pair of replicas holding the same topic partition, and the topic partition's keys.
+
+    ``keys_compared`` ... ``in_flight`` count the keys of this replica pair (key pairs: a key of three replicas
+    counts on each of its three pair rows). ``partition_keys_*`` count the topic partition's keys once each, under
+    their worst verdict over all its pairs (DIVERGENT, then MISSING, IN_FLIGHT, CONSISTENT; SPEC 10), the same on every
+    pair row of the partition: add them up over one row per topic partition. Null in snapshots audited before they
+    existed.
+    """
 
     snapshot_id: T.StringType() = pa.Field(nullable=False)
     topic: T.StringType() = pa.Field(nullable=False)
@@ -63,6 +70,15 @@ class DivergenceSummary(pa.DataFrameModel):
     divergent: T.LongType() = pa.Field(nullable=False, ge=0)
     missing: T.LongType() = pa.Field(nullable=False, ge=0)
     in_flight: T.LongType() = pa.Field(nullable=False, ge=0)
+    partition_keys_compared: T.LongType() = pa.Field(
+        nullable=True, ge=0, description="Keys of the topic partition compared (each once, over all its pairs)"
+    )
+    partition_keys_consistent: T.LongType() = pa.Field(nullable=True, ge=0)
+    partition_keys_divergent: T.LongType() = pa.Field(
+        nullable=True, ge=0, description="Keys of the topic partition whose worst verdict is DIVERGENT"
+    )
+    partition_keys_missing: T.LongType() = pa.Field(nullable=True, ge=0)
+    partition_keys_in_flight: T.LongType() = pa.Field(nullable=True, ge=0)
 
     class Config:
         name = "divergence_summary"

@@ -44,15 +44,50 @@ def _explained(doc: dict) -> tuple[dict, dict]:
     return versions, pairs
 
 
-def assert_explanations_equal_the_reference(warehouse: str, snapshot_id: str) -> int:
+def reference_odd_one_out(rows: list[dict], findings: dict, topic: str, partition: int, key: str) -> list[dict]:
+    """SPEC 10's ``odd_one_out`` of one key from its raw rows and the reference's findings (not from ``explain``):
+    the writes behind both witnesses of a DIVERGENT pair, and per write the contents each replica holds for it."""
+    rows = [r for r in rows if r["kind"] in ("PUT", "DELETE")]
+    at = {(r["replica"], r["offset"]): r for r in rows}
+    writes = set()
+    for (t, p, a, b, k), f in findings.items():
+        if (t, p, k) != (topic, partition, key) or f.verdict != "DIVERGENT" or f.witness_a.offset is None \
+                or f.witness_b.offset is None:
+            continue
+        v, w = at[(a, f.witness_a.offset)], at[(b, f.witness_b.offset)]
+        if (v["source_region"], v["source_offset"]) == (w["source_region"], w["source_offset"]):
+            writes.add((v["source_region"], v["source_offset"]))
+    out = []
+    for write in sorted(writes):
+        held: dict = {}
+        for r in rows:
+            if (r["source_region"], r["source_offset"]) == write:
+                held.setdefault(r["replica"], set()).add(r["value"] if r["kind"] == "PUT" else None)
+        for odd in sorted(held):
+            rest = [c for name, c in held.items() if name != odd]
+            if len(rest) >= 2 and all(len(c) == 1 and c == rest[0] for c in rest) and held[odd] != rest[0]:
+                out.append({"replica": odd, "source_region": write[0], "source_offset": write[1],
+                            "agreeing": sorted(name for name in held if name != odd)})
+    return out
+
+
+def assert_explanations_equal_the_reference(warehouse: str, snapshot_id: str, odd: list | None = None) -> int:
     """Every non-consistent key's explanation, and ``CONSISTENT_PER_PARTITION`` consistent ones' per partition,
     equal the reference: U, M, the row M comes from, the gap marks, verdict, witness, blocking and resolution.
-    Returns how many keys were compared.
+    Returns how many keys were compared. ``odd``: a list that receives every ``odd_one_out`` entry seen (each checked
+    against ``reference_odd_one_out``).
 
     Catches a reach_row taken from the key's next row across a gap, ⊥'s reach row when the key's first row follows
     a gap, a position read but skipped taken for a gap, blocking entries on the wrong side or with M's component
     taken from the wrong version, a resolution that ignores write times, and a witness read from another pair."""
     dumps, findings = reference_of(warehouse, snapshot_id)
+    raw = TableReader(warehouse).read(
+        "raw_topic_snapshots", snapshot_id,
+        columns=["replica", "topic", "partition", "offset", "key", "kind", "value", "source_region", "source_offset"],
+    ).to_pylist()
+    raw_by_key: dict = {}
+    for r in raw:
+        raw_by_key.setdefault((r["topic"], r["partition"], r["key"]), []).append(r)
     chosen: dict = {}
     consistent = Counter()
     for (topic, partition, _, _, key), finding in findings.items():
@@ -82,5 +117,10 @@ def assert_explanations_equal_the_reference(warehouse: str, snapshot_id: str) ->
                         blocking(va, vb, a, b) if f.verdict == "IN_FLIGHT" else [], resolution(f, a, b),
                     )
             assert pairs == expected_pairs, (snapshot_id, topic, partition, key)
+            assert doc["odd_one_out"] == reference_odd_one_out(
+                raw_by_key.get((topic, partition, key), []), findings, topic, partition, key), (
+                snapshot_id, topic, partition, key)
+            if odd is not None:
+                odd.extend(doc["odd_one_out"])
             compared += 1
     return compared

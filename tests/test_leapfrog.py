@@ -213,6 +213,33 @@ def test_every_verdict_and_witness_matches_the_reference(reports, summary):
     assert {k: v["keys_compared"] for k, v in summary.items() if v["keys_compared"]} == compared
 
 
+def test_each_topic_partition_counts_its_keys_once_under_their_worst_verdict(summary):
+    """``partition_keys_*`` against the reference's verdicts: each (topic, partition, key) once, under its worst
+    verdict over its pairs (SPEC 10, "a key"). Catches key pairs counted as keys (issue 71: a key divergent in two of
+    three pairs counted twice), a key of several pairs counted under a better verdict than its worst, a key only one
+    replica holds left out, and a partition's count differing between its pair rows."""
+    expected = reference_verdicts([{**r, "snapshot_id": "t"} for r in ALL_ROWS])
+    rank = {"DIVERGENT": 0, "MISSING": 1, "IN_FLIGHT": 2, "CONSISTENT": 3}
+    worst: dict = {}
+    for (topic, partition, _, _, key), finding in expected.items():
+        place = (topic, partition, key)
+        worst[place] = min(worst.get(place, "CONSISTENT"), finding.verdict, key=rank.__getitem__)
+    want: dict = {}
+    for (topic, partition, _), verdict in worst.items():
+        counts = want.setdefault((topic, partition), dict.fromkeys(["compared", *(v.lower() for v in rank)], 0))
+        counts["compared"] += 1
+        counts[verdict.lower()] += 1
+    names = ("compared", "consistent", "divergent", "missing", "in_flight")
+    got: dict = {}
+    for (topic, partition, _, _), row in summary.items():
+        counts = {n: row[f"partition_keys_{n}"] for n in names}
+        assert got.setdefault((topic, partition), counts) == counts, (topic, partition)  # the same on every pair row
+    assert {k: v for k, v in got.items() if v["compared"]} == want
+    # "three": one key DIVERGENT in two of its three pairs is one DIVERGENT key (two key pairs), beside a CONSISTENT one.
+    assert got[("three", 0)] == {"compared": 2, "consistent": 1, "divergent": 1, "missing": 0, "in_flight": 0}
+    assert sum(summary[("three", 0, *pair)]["divergent"] for pair in ((A, B), (A, C), (B, C))) == 2
+
+
 def test_a_pair_without_data_rows_gets_a_zero_summary_row(reports, summary):
     assert verdicts(reports, "no_data") == {}
     counts = summary[("no_data", 0, A, B)]

@@ -1,0 +1,132 @@
+"""What an operator reads (issue 71): the odd replica out, data escaped in Markdown, timeline labels, config.
+
+Pure Python over documents built in memory (no Spark); the audited snapshots' side is in
+tests/test_venice_simulated.py (keys against the reference) and tests/test_audit_e2e.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from explain.document import ReplicaInput, explain, odd_one_out
+from explain.page import key_page
+from explain.text import render_text
+from tests.examples import examples
+
+MS = 1_700_000_000_000
+
+
+def _h(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def _dump(end: dict) -> dict:
+    return {"first_offset": 0, "last_offset": 20, "starts_with_sop": True, "gaps": 0, "gap_positions": 0,
+            "pre_history_bound": {}, "end_lower_bound": end, "first_gap_lower_bound": None}
+
+
+def _row(offset, value, source, ms=MS):
+    region, source_offset = source
+    return {"offset": offset, "kind": "PUT", "value": value, "value_hash": _h(value), "source_region": region,
+            "source_offset": source_offset, "write_ts": ms << 18, "touch_bound": {"a": 10, "b": 21},
+            "reach": {"a": 30, "b": 30}, "applied_lower_bound": {"a": 20, "b": 15}, "missing_before": 0}
+
+
+def _report(a, b, verdict, offset_a=None, offset_b=None):
+    return {"replica_a": a, "replica_b": b, "verdict": verdict, "missing_in": None, "witness_offset_a": offset_a,
+            "witness_offset_b": offset_b}
+
+
+def three_replicas(b_values=("corrupt",), c_value="apple") -> dict:
+    """Write dc-b@21 made dc-a @11 "apple", dc-b @12 ``b_values`` (one version each), dc-c @13 ``c_value``."""
+    a = ReplicaInput("dc-a", _dump({"a": 30, "b": 30}), [_row(11, "apple", ("dc-b", 21))])
+    b = ReplicaInput("dc-b", _dump({"a": 30, "b": 30}),
+                     [_row(12 + 10 * i, v, ("dc-b", 21)) for i, v in enumerate(b_values)])
+    c = ReplicaInput("dc-c", _dump({"a": 30, "b": 30}), [_row(13, c_value, ("dc-b", 21))])
+    reports = [_report("dc-a", "dc-b", "DIVERGENT", 11, 12)]
+    if c_value != "apple":
+        reports.append(_report("dc-a", "dc-c", "DIVERGENT", 11, 13))
+    if c_value != b_values[0]:
+        reports.append(_report("dc-b", "dc-c", "DIVERGENT", 12, 13))
+    return explain("snap", "store_v1", 0, "k1", [a, b, c], reports)
+
+
+def test_the_replica_holding_other_content_for_a_write_two_others_agree_on_is_named():
+    """Issue 71, item 2: with three replicas where dc-a and dc-c hold the same content for write dc-b@21 and dc-b
+    another, ``explain`` only said "which replica deviates cannot be told". Catches ``odd_one_out`` missing from the
+    JSON, the text or the page, the agreeing replicas unsorted or counted wrong."""
+    doc = three_replicas()
+    assert doc["odd_one_out"] == [
+        {"replica": "dc-b", "source_region": "dc-b", "source_offset": 21, "agreeing": ["dc-a", "dc-c"]}
+    ]
+    sentence = "dc-b holds other content for write dc-b@21 than dc-a and dc-c, which agree"
+    text = " ".join(line.strip() for line in render_text(doc).splitlines())
+    assert sentence in text
+    # The pair's own sentence says what the other replicas tell, beside "cannot be told" from the write times.
+    assert "cannot be told: both hold the same write" in text and "The other replicas tell: dc-b holds" in text
+    page = key_page(doc)
+    assert '<ul class="odd-one-out"><li data-replica="dc-b">' + sentence in page
+
+
+def test_no_replica_is_named_when_the_others_disagree_among_themselves():
+    """Catches naming a replica when the rest do not agree (three different contents), and a replica holding several
+    versions of the write counted as agreeing when one of them differs."""
+    assert three_replicas(c_value="plum")["odd_one_out"] == []
+    # dc-b holds "apple" and "corrupt" for the write: it is not one of the agreeing, and it holds other content.
+    doc = three_replicas(b_values=("apple", "corrupt"))
+    assert [(o["replica"], o["agreeing"]) for o in doc["odd_one_out"]] == [("dc-b", ["dc-a", "dc-c"])]
+    # Two replicas only: nothing to tell by (at least two must agree beside the odd one).
+    two = explain("snap", "store_v1", 0, "k1", [
+        ReplicaInput("dc-a", _dump({"a": 30, "b": 30}), [_row(11, "apple", ("dc-b", 21))]),
+        ReplicaInput("dc-b", _dump({"a": 30, "b": 30}), [_row(12, "corrupt", ("dc-b", 21))]),
+    ], [_report("dc-a", "dc-b", "DIVERGENT", 11, 12)])
+    assert two["odd_one_out"] == []
+
+
+_CONTENTS = st.sampled_from(["x", "y", "z"])
+_REPLICA = st.lists(st.tuples(st.sampled_from([("r", 1), ("r", 2), ("s", 1)]), _CONTENTS), max_size=4)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(held=st.lists(_REPLICA, min_size=2, max_size=5), proofs=st.lists(st.tuples(
+    st.integers(0, 4), st.integers(0, 4), st.integers(0, 3), st.integers(0, 3)), max_size=6))
+def test_odd_one_out_names_exactly_the_writes_where_all_but_one_replica_agree(held, proofs):
+    """Property (SPEC 10, ``odd_one_out``) over random replicas, each holding versions made by a few writes with a few
+    contents, and random DIVERGENT witness pairs: an entry exactly for each write behind both witnesses of a
+    DIVERGENT pair (same write, other content) where three or more replicas hold a version of it, all but one hold
+    one same content only, and that one holds other content; ordered by write. Catches a replica named while the
+    others disagree, a replica with one agreeing and one other version counted as agreeing, fewer than two agreeing,
+    writes that were no witness of a DIVERGENT pair, and entries out of order."""
+    names = [f"dc-{i}" for i in range(len(held))]
+    replicas = [{"replica": n, "versions": [
+        {"offset": 10 * i + j, "source_region": w[0], "source_offset": w[1], "value_hash": c}
+        for j, (w, c) in enumerate(versions)]} for i, (n, versions) in enumerate(zip(names, held))]
+    pairs = []
+    for ia, ib, ja, jb in proofs:
+        if ia >= ib or ib >= len(held) or ja >= len(held[ia]) or jb >= len(held[ib]):
+            continue
+        (wa, ca), (wb, cb) = held[ia][ja], held[ib][jb]
+        if ca == cb:  # a DIVERGENT witness pair holds different content
+            continue
+        pairs.append({"replica_a": names[ia], "replica_b": names[ib], "verdict": "DIVERGENT",
+                      "witness": {"offset_a": 10 * ia + ja, "offset_b": 10 * ib + jb}})
+    got = odd_one_out(replicas, pairs)
+    # The oracle, by brute force over every replica that could be the odd one.
+    witnessed = sorted({held[ia][ja][0] for ia, ib, ja, jb in proofs
+                        if ia < ib < len(held) and ja < len(held[ia]) and jb < len(held[ib])
+                        and held[ia][ja][0] == held[ib][jb][0] and held[ia][ja][1] != held[ib][jb][1]})
+    want = []
+    for write in witnessed:
+        contents = {n: {c for w, c in versions if w == write} for n, versions in zip(names, held)}
+        contents = {n: c for n, c in contents.items() if c}
+        for odd in sorted(contents):
+            rest = [c for n, c in contents.items() if n != odd]
+            if len(rest) >= 2 and all(c == rest[0] and len(c) == 1 for c in rest) and contents[odd] != rest[0]:
+                want.append({"replica": odd, "source_region": write[0], "source_offset": write[1],
+                             "agreeing": sorted(n for n in contents if n != odd)})
+    assert got == want
+    for entry in got:
+        assert len(entry["agreeing"]) >= 2 and entry["replica"] not in entry["agreeing"]
