@@ -36,11 +36,16 @@ def audit_trend(context: dg.AssetExecutionContext, spark: SparkResource, store: 
 
 
 def trend_markdown(rows) -> str:
-    header = "| snapshot | divergent | missing | in flight | quarantined | anomalies | worst p99 lag (ms) |\n"
+    header = ("| snapshot | DIVERGENT keys | MISSING keys | IN_FLIGHT keys | rows quarantined | stream anomalies "
+              "| worst p99 lag (ms) |\n")
     header += "|---|---:|---:|---:|---:|---:|---:|\n"
+
+    def cell(value) -> str:
+        return "-" if value is None else str(value)  # null: audited before keys were counted
+
     body = "".join(
-        f"| {md_text(r['snapshot_id'])} | {r['divergent']} | {r['missing']} | {r['in_flight']} | {r['rows_quarantined']}"
-        f" | {r['stream_anomalies']} | {r['worst_lag_p99_ms'] if r['worst_lag_p99_ms'] is not None else '-'} |\n"
+        f"| {md_text(r['snapshot_id'])} | {cell(r['divergent'])} | {cell(r['missing'])} | {cell(r['in_flight'])}"
+        f" | {r['rows_quarantined']} | {r['stream_anomalies']} | {cell(r['worst_lag_p99_ms'])} |\n"
         for r in rows
     )
     return header + (body or "| (no snapshot audited yet) | | | | | | |\n")

@@ -130,3 +130,101 @@ def test_odd_one_out_names_exactly_the_writes_where_all_but_one_replica_agree(he
     assert got == want
     for entry in got:
         assert len(entry["agreeing"]) >= 2 and entry["replica"] not in entry["agreeing"]
+
+
+def test_the_trend_counts_keys_once_per_topic_partition_and_never_key_pairs(spark):
+    """Issue 71, item 1, in ``audit_trend``: it summed ``divergence_summary``'s pair rows, so a key DIVERGENT in two
+    of three pairs counted twice. Catches the pair counts summed, a partition's key counts (the same on each of its
+    pair rows) summed once per pair, and a snapshot audited before key counts existed shown with key pairs instead of
+    null."""
+    from pipelines.trend import audit_trend
+    from schemas.registry import struct_for
+
+    def summary(sid, topic, partition, pair, pair_divergent, keys):
+        row = {"snapshot_id": sid, "topic": topic, "partition": partition, "replica_a": pair[0], "replica_b": pair[1],
+               "keys_compared": 10, "consistent": 10 - pair_divergent, "divergent": pair_divergent, "missing": 0,
+               "in_flight": 0}
+        names = ("compared", "consistent", "divergent", "missing", "in_flight")
+        return row | {f"partition_keys_{n}": None if keys is None else keys[i] for i, n in enumerate(names)}
+
+    pairs = (("a", "b"), ("a", "c"), ("b", "c"))
+    rows = [summary("new", "t", 0, p, d, (10, 9, 1, 0, 0)) for p, d in zip(pairs, (1, 1, 0))]
+    rows += [summary("new", "t", 1, p, 0, (5, 5, 0, 0, 0)) for p in pairs]
+    rows += [summary("old", "t", 0, p, 1, None) for p in pairs]
+    frame = spark.createDataFrame(rows, struct_for("divergence_summary"))
+    empty = {t: spark.createDataFrame([], struct_for(t))
+             for t in ("raw_topic_quarantine", "replication_lag", "stream_anomalies")}
+    got = {r["snapshot_id"]: r.asDict() for r in audit_trend(
+        frame, empty["raw_topic_quarantine"], empty["replication_lag"], empty["stream_anomalies"]).collect()}
+    assert [got["new"][c] for c in ("keys_compared", "divergent", "missing", "in_flight")] == [15, 1, 0, 0]
+    assert [got["old"][c] for c in ("keys_compared", "divergent", "missing", "in_flight")] == [None] * 4
+
+
+# ------------------------------------------------------------------ Markdown (issue 71, item 3)
+HOSTILE_KEYS = ["a_b_c", "*star*", "pipe|key", "tick`key", "<b>bold</b>", "amp&lt;", "[link](x)", "\\back", "#1. x"]
+
+
+def _rendered_text(markdown: str) -> str:
+    """What a CommonMark renderer with GitHub's tables (markdown-it-py, as Dagster's UI) shows, as plain text."""
+    from html import unescape
+
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt("commonmark").enable("table").render(markdown)
+    return unescape(re.sub(r"<[^>]+>", "", html))
+
+
+def _tags(markdown: str) -> list[str]:
+    from markdown_it import MarkdownIt
+
+    return re.findall(r"<(\w+)", MarkdownIt("commonmark").enable("table").render(markdown))
+
+
+def test_md_text_renders_every_character_as_itself():
+    """The escaping function: a key with ``*``, ``_``, ``|``, a backtick, ``<``, ``&``, brackets, a backslash or a
+    leading list marker renders as itself (no emphasis, code, HTML, entity, link, list), also inside a table cell."""
+    from explain.markdown import md_text
+
+    for key in HOSTILE_KEYS:
+        assert _rendered_text(md_text(key)).strip() == key, key
+        assert _tags(md_text(key)) == ["p"], key
+        table = f"| key | n |\n|---|---|\n| {md_text(key)} | 1 |\n"
+        assert _rendered_text(table).split() == ["key", "n", *key.split(), "1"], key
+
+
+def test_the_materialization_markdown_shows_keys_and_the_report_path_as_they_are():
+    """Issue 71, item 3: ``most_important_keys`` ended with ``_2 more key(s) in the report page
+    (/…/_reports/ui1/divergence.html)._``, whose underscore of ``_reports`` broke the emphasis and lost itself; a key
+    with ``*`` or a backtick broke its line the same way. Catches any key, path or name put into the materialization's
+    Markdown unescaped."""
+    from explain.report import SnapshotReport, key_markdown
+
+    docs = [divergent_doc(key) for key in HOSTILE_KEYS]
+    uri = "/tmp/ware_house/_reports/ui_1/divergence.html"
+    markdown = SnapshotReport(uri=uri, docs=docs, pictured=0).ui_markdown(2)
+    shown = _rendered_text(markdown)
+    assert f"{len(HOSTILE_KEYS) - 2} more key(s) in the report page: {uri}" in shown
+    for key in HOSTILE_KEYS[:2]:
+        assert f"DIVERGENT {key} in store_v1/0" in shown, key
+    assert "em" not in _tags(markdown.split("\n")[-1][len("_7 more key(s) in the report page:_"):])
+    for key in HOSTILE_KEYS:
+        full = key_markdown(divergent_doc(key))
+        assert f"DIVERGENT {key} in store_v1/0" in _rendered_text(full), key
+        assert not {"em", "strong", "a", "b"} & set(_tags(full.split("\n")[0].replace("**DIVERGENT**", ""))), key
+
+
+def test_markdown_tables_of_the_materializations_escape_names():
+    """The ``by_replica_pair`` and lag tables: a replica or topic name with ``|`` or ``_`` stays one cell, itself."""
+    from assets.previews import divergence_by_pair
+
+    rows = [{"replica_a": "dc_a|x", "replica_b": "*dc-b*", "keys_compared": 3, "divergent": 1, "missing": 0,
+             "in_flight": 0}]
+    shown = _rendered_text(divergence_by_pair(rows))
+    assert "dc_a|x" in shown and "*dc-b*" in shown
+    assert "key pairs compared" in shown
+
+
+def divergent_doc(key: str) -> dict:
+    doc = three_replicas()
+    doc["key"] = key
+    return doc
