@@ -305,3 +305,42 @@ def explain_key(warehouse: str, snapshot_id: str, topic: str, partition: int, ke
             f"it); keys it holds there include: {', '.join(repr(k) for k in examples)}"
         )
     return doc
+
+
+# ------------------------------------------------------------------ which key to explain when none is named
+def audited_snapshots(warehouse: str) -> list[str]:
+    """The snapshots the warehouse holds an audit of (a committed ``divergence_summary``), oldest commit first."""
+    from deltalake import DeltaTable
+
+    import pyarrow as pa
+
+    from resources.delta_reader import table_uri
+    from resources.filesystem import delta_storage_options
+
+    reader = TableReader(warehouse)
+    if not reader.exists("divergence_summary"):
+        return []
+    dt = DeltaTable(table_uri(warehouse, "divergence_summary"), storage_options=delta_storage_options())
+    files = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+    newest: dict[str, int] = {}
+    for snapshot_id, modified in zip(files.get("partition.snapshot_id", []), files.get("modification_time", [])):
+        stamp = int(modified.timestamp() * 1000) if hasattr(modified, "timestamp") else int(modified or 0)
+        newest[snapshot_id] = max(newest.get(snapshot_id, stamp), stamp)
+    return sorted(newest, key=lambda s: (newest[s], s))
+
+
+def first_reported_key(
+    warehouse: str, snapshot_id: str, topic: Optional[str] = None, partition: Optional[int] = None
+) -> Optional[tuple[str, int, str]]:
+    """The most important key of the snapshot that is not CONSISTENT (``explain/report.py``'s order: the worst verdict
+    first, then the keys with more non-consistent pairs, then topic, partition, key), within ``topic``/``partition``
+    when given; None when every such key is CONSISTENT."""
+    rank = {"DIVERGENT": 0, "MISSING": 1, "IN_FLIGHT": 2}
+    rows = TableReader(warehouse).read("divergence_reports", snapshot_id, columns=["topic", "partition", "key", "verdict"])
+    keys: dict[tuple[str, int, str], list[int]] = {}
+    for row in ([] if rows is None else rows.to_pylist()):
+        if (topic is None or row["topic"] == topic) and (partition is None or row["partition"] == partition):
+            keys.setdefault((row["topic"], row["partition"], row["key"]), []).append(rank[row["verdict"]])
+    if not keys:
+        return None
+    return min(keys, key=lambda k: (min(keys[k]), -len(keys[k]), k))

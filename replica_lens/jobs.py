@@ -10,7 +10,7 @@ from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.reports import ReportSettings
 from replica_lens.executor import threaded_in_process_executor
-from resources.errors import InvalidSetting
+from resources.errors import InvalidSetting, UsageError
 from resources.tuning import DEFAULT_RETENTION_HOURS
 
 AUDIT_JOB = "audit_snapshot"
@@ -181,42 +181,105 @@ EXPLAIN_JOB = "explain_key"
 
 
 class ExplainKeyConfig(dg.Config):
-    snapshot_id: str = Field(description="An audited snapshot (a partition of the snapshots).")
-    topic: str = Field(description="Version topic, e.g. store_v1.")
-    partition: int = Field(description="Topic partition.")
+    """Every field may be left null: the op then explains the most important key that is not CONSISTENT (the first
+    key of the report page) of the newest audited snapshot, or of the snapshot, topic and partition given."""
+
+    snapshot_id: Optional[str] = Field(
+        default=None,
+        description="An audited snapshot (a partition of `snapshots`). Null: the newest audited snapshot.",
+    )
+    topic: Optional[str] = Field(
+        default=None, description="Version topic, e.g. store_v1. Null: the topic of the key explained by default."
+    )
+    partition: Optional[int] = Field(
+        default=None, description="Topic partition. Null: the partition of the key explained by default."
+    )
     key: Optional[str] = Field(
-        default=None, description="The key as the tables hold it (raw Venice records: base64 of the key bytes)."
+        default=None,
+        description="The key as the tables hold it (raw Venice records: base64 of the key bytes). Give this or "
+        "key_text, not both; neither: the snapshot's most important key that is not CONSISTENT.",
     )
     key_text: Optional[str] = Field(
-        default=None, description="Raw Venice records: the key bytes as UTF-8 text, looked up as their base64."
+        default=None,
+        description="Raw Venice records: the key bytes as UTF-8 text, looked up as their base64. Give this or key, "
+        "not both.",
     )
+
+
+# The Launchpad opens with this config: every field an operator may fill, each null (what null does: the
+# descriptions above). Launched as it is, the job explains the newest audited snapshot's most important key.
+EXPLAIN_DEFAULT_CONFIG = {"ops": {"explain_key_op": {"config": {
+    "snapshot_id": None, "topic": None, "partition": None, "key": None, "key_text": None,
+}}}}
+
+
+def resolve_explained_key(
+    config: ExplainKeyConfig, warehouse: str, registered: list[str]
+) -> tuple[str, str, int, str]:
+    """(snapshot_id, topic, partition, key) to explain from the config, the nulls filled as its fields say.
+
+    ``registered``: the instance's snapshot partitions in the order they were registered (the newest last): the
+    newest of them with an audit in the warehouse is "the newest audited snapshot"; without any, the one whose audit
+    was committed last. A config that cannot be carried out raises ``UsageError`` with one line that says why.
+    """
+    from explain.reading import audited_snapshots, first_reported_key, key_of
+
+    if config.key is not None and config.key_text is not None:
+        raise UsageError("give either key or key_text, not both (key_text is the key's text, looked up as its base64)")
+    snapshot_id = config.snapshot_id
+    if snapshot_id is None:
+        audited = audited_snapshots(warehouse)
+        ordered = [s for s in registered if s in set(audited)] or audited
+        if not ordered:
+            raise UsageError(f"no audited snapshot in the warehouse {warehouse}: audit one first (the landing sensor, "
+                             "or replica-lens audit), or give snapshot_id")
+        snapshot_id = ordered[-1]
+    if config.key is not None or config.key_text is not None:
+        if config.topic is None or config.partition is None:
+            raise UsageError("give the topic and partition of the key (or leave key and key_text null to explain the "
+                             "snapshot's most important key)")
+        return snapshot_id, config.topic, config.partition, key_of(config.key, config.key_text)
+    found = first_reported_key(warehouse, snapshot_id, config.topic, config.partition)
+    if found is None:
+        where = "" if config.topic is None else f" in topic {config.topic}" + (
+            "" if config.partition is None else f" partition {config.partition}")
+        raise UsageError(f"every key of snapshot {snapshot_id}{where} is CONSISTENT: give topic, partition and key "
+                         "to explain one")
+    return (snapshot_id, *found)
 
 
 @dg.op(
     description="Explain one key of an audited snapshot, as `replica-lens explain` does: every replica's versions and "
-    "every pair's verdict, with its timeline picture, recorded as this op's output metadata.",
+    "every pair's verdict, with its timeline picture, recorded as this op's output metadata. Left null, the config "
+    "explains the newest audited snapshot's most important key that is not CONSISTENT.",
     out=dg.Out(dict, description="The explanation document (docs/explain.md)."),
 )
 def explain_key_op(
     context: dg.OpExecutionContext, config: ExplainKeyConfig, store: DeltaStore, reports: ReportSettings
 ) -> dg.Output:
     from explain.document import redact, worst_verdict
-    from explain.reading import explain_key, key_of
+    from explain.reading import explain_key
     from explain.report import key_markdown
-    from resources.errors import UsageError
 
     try:
-        key = key_of(config.key, config.key_text)
-        doc = explain_key(store.warehouse_root, config.snapshot_id, config.topic, config.partition, key)
+        snapshot_id, topic, partition, key = resolve_explained_key(
+            config, store.warehouse_root, list(context.instance.get_dynamic_partitions(SNAPSHOTS))
+        )
+        doc = explain_key(store.warehouse_root, snapshot_id, topic, partition, key)
     except UsageError as error:
-        raise dg.Failure(description=str(error), allow_retries=False) from error
+        # One line, no traceback of ours: what to change in the config (Dagster shows the description as the error).
+        raise dg.Failure(description=" ".join(str(error).split()), allow_retries=False) from None
     if reports.redacting():
         redact(doc)
     verdicts = {f"{p['replica_a']}~{p['replica_b']}": p["verdict"] for p in doc["pairs"]}
-    context.log.info(f"{key} in {config.topic}/{config.partition}: {worst_verdict(doc)} ({verdicts})")
+    context.log.info(f"{key} in {topic}/{partition} of {snapshot_id}: {worst_verdict(doc)} ({verdicts})")
     return dg.Output(
         doc,
         metadata={
+            "snapshot_id": snapshot_id,
+            "topic": topic,
+            "partition": dg.MetadataValue.int(partition),
+            "key": dg.MetadataValue.text(key),
             "verdict": worst_verdict(doc),
             "verdicts": dg.MetadataValue.json(verdicts),
             "odd_one_out": dg.MetadataValue.json(doc.get("odd_one_out") or []),
@@ -229,8 +292,10 @@ def explain_key_op(
 @dg.job(
     name=EXPLAIN_JOB,
     executor_def=dg.in_process_executor,
-    description="Explain one key of an audited snapshot (snapshot, topic, partition, key in the Launchpad's config); "
-    "reads the published tables, never audits again, starts no Spark.",
+    config=EXPLAIN_DEFAULT_CONFIG,
+    description="Explain one key of an audited snapshot (snapshot, topic, partition, key or key_text in the "
+    "Launchpad's config; left null, the newest audited snapshot's most important key); reads the published tables, "
+    "never audits again, starts no Spark.",
 )
 def explain_key_job():
     explain_key_op()

@@ -393,3 +393,46 @@ def test_redaction_keeps_value_text_out_of_every_output(audited, tmp_path, capsy
     assert main([*args[:-1], "--no-redact-values", "--json", str(json_path)]) == 0
     capsys.readouterr()
     assert any(secret in json_path.read_text() for secret in secrets), "without redaction the value must show"
+
+
+def test_the_explain_key_launchpad_shows_every_field_explains_a_real_key_by_default_and_fails_in_one_line(audited):
+    """Issue 71, item 5: the Launchpad opened with an error and "Scaffold missing config" gave no ``key``; launching
+    that failed after a full Python stack trace. Catches a config field the Launchpad does not show (the job's default
+    config names every field), a default that explains nothing (left null it explains the newest audited snapshot's
+    most important key), and a bad config failing otherwise than with ``dg.Failure``'s one-line description (no
+    chained traceback of ours)."""
+    from explain.reading import first_reported_key
+    from replica_lens.jobs import EXPLAIN_DEFAULT_CONFIG, ExplainKeyConfig, explain_key_job
+    from resources.reports import ReportSettings
+
+    fields = EXPLAIN_DEFAULT_CONFIG["ops"]["explain_key_op"]["config"]
+    assert set(fields) == set(ExplainKeyConfig.model_fields) >= {"snapshot_id", "topic", "partition", "key", "key_text"}
+    assert all(ExplainKeyConfig.model_fields[f].description for f in fields)
+    assert explain_key_job.run_config_schema.config_type.fields["ops"].is_required is False  # launchable as it opens
+    resources = {"store": audited, "reports": ReportSettings(redact_values=True)}
+    result = explain_key_job.execute_in_process(resources=resources)  # the Launchpad's default, unchanged
+    assert result.success
+    output = next(e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT")
+    metadata = {k: getattr(v, "value", v) for k, v in output.event_specific_data.metadata.items()}
+    newest = "production"  # audited last by the fixture (no instance registered the snapshots: the commit order)
+    topic, partition, key = first_reported_key(audited.warehouse_root, newest)
+    assert (metadata["snapshot_id"], metadata["topic"], metadata["partition"], metadata["key"]) == (
+        newest, topic, partition, key)
+    assert metadata["verdict"] in ("DIVERGENT", "MISSING", "IN_FLIGHT")
+
+    def failure_of(config: dict):
+        run = explain_key_job.execute_in_process(
+            run_config={"ops": {"explain_key_op": {"config": config}}}, resources=resources, raise_on_error=False)
+        assert not run.success
+        failed = next(e for e in run.all_node_events if e.is_step_failure).step_failure_data
+        return failed
+
+    for config, words in (
+        ({"topic": topic, "partition": partition, "key": key, "key_text": "x"}, "either key or key_text, not both"),
+        ({"key": key}, "give the topic and partition of the key"),
+        ({"snapshot_id": "spec", "topic": topic, "partition": partition, "key": "no-such-key"}, "holds no key"),
+    ):
+        failed = failure_of(config)
+        description = failed.user_failure_data.description
+        assert words in description and "\n" not in description, description
+        assert failed.error.cause is None, failed.error.cause  # no chained traceback of ours beneath the Failure
