@@ -171,7 +171,7 @@ def raw_topic_snapshots(
                 "rows_quarantined": counts["rows_quarantined"],
                 "rows_skipped": counts["rows_skipped"],
                 "skipped_by_reason": dg.MetadataValue.json(counts["skipped_by_reason"]),
-                "duplicates_collapsed": counts["rows_accepted"] - counts["rows_stored"],
+                "rows_duplicates_collapsed": counts["rows_accepted"] - counts["rows_stored"],
                 "files_read": len(files.data_files),
                 "files_not_read": dg.MetadataValue.json(files.other_files),
                 "by_replica": dg.MetadataValue.json(counts["by_replica"]),

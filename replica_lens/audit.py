@@ -162,7 +162,7 @@ def summary_lines(audit: SnapshotAudit) -> list[str]:
             f" + quarantined {raw.get('rows_quarantined')}"
             + (f" + skipped {raw.get('rows_skipped')} (by rule: {raw.get('skipped_by_reason')})"
                if raw.get("rows_skipped") else "")
-            + f" (exact duplicates collapsed: {raw.get('duplicates_collapsed')})"
+            + f" (exact duplicates collapsed: {raw.get('rows_duplicates_collapsed')})"
         )
         for replica, counts in sorted((raw.get("by_replica") or {}).items()):
             kinds = (raw.get("skipped_by_kind") or {}).get(replica)
@@ -451,7 +451,7 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
         "error": audit.error,
         "rows": {
             name: raw.get(f"rows_{name}") for name in ("read", "accepted", "quarantined", "skipped")
-        } | {"duplicates_collapsed": raw.get("duplicates_collapsed")},
+        } | {"duplicates_collapsed": raw.get("rows_duplicates_collapsed")},
         "quarantined_by_reason": quarantine.get("by_reason") or {},
         # Raw Venice records skipped by rule, per replica and kind (control message type or VALUE_CHUNK, CHUNK_CLEANUP).
         "skipped_by_kind": raw.get("skipped_by_kind") or {},

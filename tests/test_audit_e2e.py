@@ -51,6 +51,11 @@ class _Recorder:
         return False
 
 
+# The units a figure's name may say (rows, keys, files, positions ... milliseconds, hours, bytes).
+UNIT = re.compile(r"(^|[_/ ])(rows?|keys?|key_pairs|files?|positions?|gaps|dumps|versions|partitions|states|bytes|"
+                  r"ms|seconds|hours|violations|rules|tables|row_count|version)(_|$| )")
+
+
 @pytest.fixture()
 def instance_lives(monkeypatch) -> dict[str, list]:
     """Dagster instances while the test runs: the ephemeral ones made ("made": instance, thread) and
@@ -141,7 +146,8 @@ def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_la
     }
     failed = checks[("divergence_reports", "no_proven_divergence")]
     assert not failed.passed
-    assert failed.metadata["divergent"].value == len(expected_keys) and failed.metadata["missing"].value == 0
+    assert failed.metadata["keys_divergent"].value == len(expected_keys) and failed.metadata["keys_missing"].value == 0
+    assert failed.metadata["key_pairs_divergent"].value == len(expected_keys)  # two replicas: a key pair per key
     fields = ("topic", "partition", "replica_a", "replica_b", "key", "verdict")
     assert [tuple(k[f] for f in fields) for k in failed.metadata["example_keys"].value] == sorted(expected_keys)
     for asset, name in (("replication_lag", "lag_within_bounds"), ("exporter_positions", "exporters_within_bounds")):
@@ -161,6 +167,13 @@ def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_la
     for asset, names in (("divergence_reports", ("keys_divergent", "keys_missing", "keys_in_flight")),
                          ("partition_watermarks", ("gaps", "gap_positions", "dumps_with_gaps"))):
         assert all(isinstance(materialized[asset][n], dg.IntMetadataValue) for n in names), materialized[asset]
+    # Issue 71, item 6: every figure the Plots tab draws says its unit in its name, and a count is a whole number
+    # (an int: a float count draws a 8.5-9.5 axis); only durations in milliseconds may be fractional.
+    unitless = [(asset, name) for asset, values in materialized.items() for name, value in values.items()
+                if isinstance(value, (dg.IntMetadataValue, dg.FloatMetadataValue)) and not UNIT.search(name)]
+    fractional = [(asset, name) for asset, values in materialized.items() for name, value in values.items()
+                  if isinstance(value, dg.FloatMetadataValue) and not name.split(" ")[0].endswith(("_ms", "_seconds"))]
+    assert (unitless, fractional) == ([], []), "figures without their unit, or counts that are not whole numbers"
     # The report page beside the tables explains every proven key (catches a page that drops keys past a bound).
     page = Path(materialized["divergence_reports"]["report_page"].value)
     assert page.parent.parent == warehouse.resolve() / "_reports" and page.is_file()
