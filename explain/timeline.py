@@ -35,7 +35,6 @@ SPAN_LOW, SPAN_HIGH = 0.22, 0.78  # a span's height inside its lane (a lane is 1
 TICK_LOW, TICK_HIGH = 0.04, 0.18  # heartbeat ticks, under the spans
 LEFT_ROOM, RIGHT_ROOM = 0.08, 0.12  # the axis extends these shares of the data range (room for ⊥, the last span)
 GAP_SHARE = 0.012  # the width of a gap band on the time axis, and the least width of a gap on the offset axis
-LABEL_CHAR_PX = 5.2  # the width of a label character at LABEL_PT, for skipping labels that would overlap
 LABEL_PT = 7
 WITNESS_RED = "#d62728"
 TOMBSTONE_GREY = "#c7c7c7"
@@ -72,6 +71,19 @@ def witness_id(replica: str, offset: Optional[int], prefix: str = "") -> str:
 
 def gap_id(replica: str, n: int, prefix: str = "") -> str:
     return f"{prefix}gap-{_id_part(replica)}-{n}"
+
+
+def label_id(replica: str, offset: Optional[int], prefix: str = "") -> str:
+    """A version's offset label inside its span (``witness_label_id``: the witness's own label above it)."""
+    return f"{prefix}label-{_id_part(replica)}-{'bottom' if offset is None else offset}"
+
+
+def span_id(replica: str, offset: Optional[int], prefix: str = "") -> str:
+    return f"{prefix}span-{_id_part(replica)}-{'bottom' if offset is None else offset}"
+
+
+def witness_label_id(replica: str, offset: Optional[int], prefix: str = "") -> str:
+    return f"{prefix}mark-{_id_part(replica)}-{'bottom' if offset is None else offset}"
 
 
 # ------------------------------------------------------------------ what goes where
@@ -178,7 +190,9 @@ def _label(version: dict) -> str:
 
 
 def _draw_lane(ax: "Axes", doc: dict, i: int, axis: _Axis, colours: dict, marks: dict, px_per_x: float,
-               prefix: str) -> None:
+               prefix: str) -> list[tuple]:
+    """Draw one lane; return its (label, span) pairs: each version's offset label, kept only if it fits its span
+    (``_fit_labels``, once the figure can measure text)."""
     from matplotlib.patches import Rectangle
 
     replica = doc["replicas"][i]
@@ -192,23 +206,22 @@ def _draw_lane(ax: "Axes", doc: dict, i: int, axis: _Axis, colours: dict, marks:
     if not spans:
         ax.text((axis.start + axis.end) / 2, base + 0.5, NO_VERSIONS, fontsize=LABEL_PT, ha="center", va="center",
                 color="#555555")
-    label_end = float("-inf")
+    labels = []
     for version, start, end in spans:
         key = (name, version["offset"])
         span = Rectangle((start, base + SPAN_LOW), end - start, SPAN_HIGH - SPAN_LOW, zorder=2,
                          **_span_style(version, colours))
+        span.set_gid(span_id(name, version["offset"], prefix))
         ax.add_artist(span)
-        if key in marks:
+        if key in marks:  # the witness's own label, above its span: always shown
             span.set(edgecolor=WITNESS_RED, linewidth=2.4, linestyle="-", zorder=4)
             span.set_gid(witness_id(name, version["offset"], prefix))
             ax.text(start, base + SPAN_HIGH + 0.03, f"{marks[key]}: {_label(version)}", color=WITNESS_RED,
-                    fontsize=9, fontweight="bold", ha="left", va="bottom", zorder=5)
-        text = _label(version)
-        left = (start - axis.start) * px_per_x + 2
-        if left >= label_end:  # labels that would overlap the previous one are left out; the span stays
-            ax.text(start, base + 0.5, f" {text}", fontsize=LABEL_PT, ha="left", va="center", zorder=6,
-                    clip_on=True)
-            label_end = left + (len(text) + 2) * LABEL_CHAR_PX
+                    fontsize=9, fontweight="bold", ha="left", va="bottom", zorder=5,
+                    gid=witness_label_id(name, version["offset"], prefix))
+        label = ax.text(start, base + 0.5, f" {_label(version)}", fontsize=LABEL_PT, ha="left", va="center",
+                        zorder=6, clip_on=True, gid=label_id(name, version["offset"], prefix))
+        labels.append((label, span))
     for n, low, high in _gap_bands(replica, axis, spans):
         band = Rectangle((low, base + 0.06), high - low, 0.88, facecolor="none", edgecolor=GAP_GREY, hatch="xx",
                          linewidth=0.4, zorder=3)
@@ -219,6 +232,20 @@ def _draw_lane(ax: "Axes", doc: dict, i: int, axis: _Axis, colours: dict, marks:
         xs = [x for beat in beats for x in (beat, beat, float("nan"))]
         ys = [base + TICK_LOW, base + TICK_HIGH, float("nan")] * len(beats)
         ax.plot(xs, ys, color="#404040", linewidth=0.7, zorder=3, gid=f"{prefix}heartbeats-{_id_part(name)}")
+    return labels
+
+
+def _fit_labels(fig: "Figure", labels: list[tuple]) -> None:
+    """Remove every offset label that does not fit inside its own span, measured by the figure's renderer (a narrow
+    span's label would otherwise spill onto the next span and read as that one's offset). The witnesses keep their
+    own labels above their spans; the span stays, and its offset is in the text beside the picture."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for label, span in labels:
+        text, box = label.get_window_extent(renderer), span.get_window_extent(renderer)
+        if text.x0 < box.x0 - 0.5 or text.x1 > box.x1 - 1:
+            label.remove()
 
 
 def _legend(fig: "Figure") -> None:
@@ -245,12 +272,37 @@ def _title(doc: dict) -> list[str]:
     return lines + [f"{doc['topic']}/{doc['partition']} · snapshot {doc['snapshot_id']} · {worst_verdict(doc)}"]
 
 
-def _time_ticks(ax: "Axes") -> None:
-    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+def _clock_format(axis: _Axis) -> str:
+    """Clock times to the unit the axis needs: milliseconds when it spans under a minute, seconds under a day."""
+    span_ms = (axis.end - axis.start) * MS_PER_DAY
+    return "%H:%M:%S.%f" if span_ms < 60_000 else "%H:%M:%S" if span_ms < MS_PER_DAY else "%Y-%m-%d %H:%M"
 
-    locator = AutoDateLocator(minticks=4, maxticks=9)
+
+def _time_ticks(ax: "Axes", axis: _Axis) -> None:
+    """Ticks as UTC clock times (``HH:MM:SS``, with milliseconds on a short axis): each says its own unit."""
+    from matplotlib.dates import AutoDateLocator, DateFormatter
+    from matplotlib.ticker import FuncFormatter
+
+    locator = AutoDateLocator(minticks=4, maxticks=7, tz=timezone.utc)
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator, tz="UTC"))
+    form = _clock_format(axis)
+    plain = DateFormatter(form, tz=timezone.utc)
+    # %f is microseconds: cut to milliseconds.
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, pos: plain(x, pos)[:-3]) if form.endswith("%f") else plain)
+
+
+def _time_label(ax: "Axes", axis: _Axis) -> str:
+    """The axis title with its unit: the date (UTC) and how the ticks read, e.g. ``source write time, UTC clock
+    time (hh:mm:ss.mmm) on 2023-11-14``."""
+    from matplotlib.dates import num2date
+
+    form = _clock_format(axis)
+    if form.startswith("%Y"):
+        return f"{TIME_LABEL}: date and time (yyyy-mm-dd hh:mm)"
+    first, last = (num2date(x, tz=timezone.utc).strftime("%Y-%m-%d") for x in (axis.start, axis.end))
+    day = first if first == last else f"{first} to {last}"
+    unit = "hh:mm:ss.mmm" if form.endswith("%f") else "hh:mm:ss"
+    return f"{TIME_LABEL}: clock time ({unit}) on {day}"
 
 
 def figure(doc: dict, prefix: str = "") -> "Figure":
@@ -274,8 +326,9 @@ def _figure(doc: dict, prefix: str) -> "Figure":
     axis = _Axis(doc)
     px_per_x = WIDTH_PX * (right - left) / (axis.end - axis.start)
     colours, marks = _colours(doc), _witnesses(doc)
+    labels = []
     for i in range(lanes):
-        _draw_lane(ax, doc, i, axis, colours, marks, px_per_x, prefix)
+        labels += _draw_lane(ax, doc, i, axis, colours, marks, px_per_x, prefix)
     ax.set_xlim(axis.start, axis.end)
     ax.set_ylim(0, max(lanes, 1))
     ax.set_yticks([lanes - 1 - i + 0.5 for i in range(lanes)])
@@ -284,11 +337,12 @@ def _figure(doc: dict, prefix: str) -> "Figure":
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     if axis.time:
-        _time_ticks(ax)
-    ax.set_xlabel(TIME_LABEL if axis.time else OFFSET_LABEL, fontsize=8, labelpad=2)
+        _time_ticks(ax, axis)
+    ax.set_xlabel(_time_label(ax, axis) if axis.time else OFFSET_LABEL, fontsize=8, labelpad=2)
     fig.text(0.5, 1 - 8 / height, "\n".join(title), ha="center", va="top", fontsize=9, linespacing=1.25,
              parse_math=False)
     _legend(fig)
+    _fit_labels(fig, labels)  # once the axes, title and legend are laid out
     return fig
 
 

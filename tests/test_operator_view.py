@@ -228,3 +228,54 @@ def divergent_doc(key: str) -> dict:
     doc = three_replicas()
     doc["key"] = key
     return doc
+
+
+# ------------------------------------------------------------------ the timeline's labels (issue 71, item 4)
+def crowded() -> dict:
+    """dc-a: versions 7300 (1 ms before 7312), 7312 (1 ms before the witness 7392): narrow spans before a witness."""
+    a = ReplicaInput("dc-a", _dump({"a": 30, "b": 30}), [
+        _row(7300, "old", ("dc-a", 1), MS), _row(7312, "older", ("dc-a", 2), MS + 1),
+        _row(7392, "apple", ("dc-b", 21), MS + 2), _row(7400, "later", ("dc-a", 3), MS + 60_000)])
+    b = ReplicaInput("dc-b", _dump({"a": 30, "b": 30}), [
+        _row(12, "old", ("dc-a", 1), MS), _row(13, "corrupt", ("dc-b", 21), MS + 2),
+        _row(14, "later", ("dc-a", 3), MS + 60_000)])
+    return explain("snap", "store_v1", 0, "k1", [a, b], [_report("dc-a", "dc-b", "DIVERGENT", 7392, 13)])
+
+
+def test_timeline_labels_never_overlap_another_span_and_the_axis_says_its_unit():
+    """Issue 71, item 4: a narrow span's offset label spilled onto the next span (in a witness box headed ``w: 7392``
+    the text read ``7312``). Measured with matplotlib's renderer (``get_window_extent``): every offset label lies
+    inside its own span and over no other span; each witness's own label is drawn; the time axis names its unit.
+    Catches labels placed by an estimate of their width, a witness label dropped, and an axis title without unit."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from explain.timeline import figure, label_id, span_id, witness_label_id
+
+    doc = crowded()
+    fig = figure(doc)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    (ax,) = fig.axes
+    spans = {p.get_gid(): p.get_window_extent(renderer) for p in ax.patches
+             if (p.get_gid() or "").startswith(("span-", "witness-"))}
+    texts = {t.get_gid(): t for t in ax.texts if t.get_gid()}
+    drawn = 0
+    for replica in doc["replicas"]:
+        name = replica["replica"]
+        for version in replica["versions"]:
+            offset = "bottom" if version["offset"] is None else version["offset"]
+            own = next(gid for gid in spans if gid.endswith(f"-{name}-{offset}") and gid.startswith(("span-", "witness-")))
+            label = texts.get(label_id(name, version["offset"]))
+            if label is None:
+                continue
+            drawn += 1
+            box = label.get_window_extent(renderer)
+            assert spans[own].x0 - 0.5 <= box.x0 and box.x1 <= spans[own].x1, (name, version["offset"])
+            for gid, other in spans.items():
+                if gid != own and other.y0 < box.y1 and box.y0 < other.y1:
+                    assert box.x1 <= other.x0 + 0.5 or other.x1 <= box.x0 + 0.5, (name, version["offset"], gid)
+    assert drawn >= 3, "the wide spans keep their labels"
+    assert label_id("dc-a", 7312) not in texts, "7312's span is too narrow for its label"
+    for name, offset, mark in (("dc-a", 7392, "v: 7392"), ("dc-b", 13, "w: 13")):
+        assert texts[witness_label_id(name, offset)].get_text() == mark
+    assert span_id("dc-a", 7312) in spans
+    assert "clock time (hh:mm:ss" in ax.get_xlabel() and "UTC" in ax.get_xlabel(), ax.get_xlabel()
