@@ -24,6 +24,7 @@ from replica_lens.jobs import (
     reaudit_newest_snapshot,
     refresh_trend,
     trend_after_audit,
+    trend_catch_up,
     vacuum_warehouse,
     vacuum_warehouse_daily,
 )
@@ -61,7 +62,7 @@ def build_definitions(
         asset_checks=[divergence.no_proven_divergence, operations.lag_within_bounds, operations.exporters_within_bounds],
         jobs=[audit_snapshot, refresh_trend, vacuum_warehouse, explain_key_job],
         schedules=[reaudit_newest_snapshot, vacuum_warehouse_daily],
-        sensors=[build_landing_sensor(landing_sensor_interval_s), trend_after_audit],
+        sensors=[build_landing_sensor(landing_sensor_interval_s), trend_after_audit, trend_catch_up],
         resources={
             "spark": SparkResource(
                 master=spark_master,

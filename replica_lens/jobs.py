@@ -104,6 +104,52 @@ def trend_after_audit(context: dg.RunStatusSensorContext):
     return dg.RunRequest(run_key=f"trend-after-{context.dagster_run.run_id}")
 
 
+TREND_CATCH_UP_INTERVAL_S = 60
+_UNFINISHED = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+               dg.DagsterRunStatus.STARTED)
+
+
+def newest_commit_ms(warehouse: str, table: str) -> Optional[int]:
+    """When the newest live file of ``table`` was written (ms since the epoch, from its Delta log); None: no table."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from resources.delta_reader import TableReader, table_uri
+    from resources.filesystem import delta_storage_options
+
+    if not TableReader(warehouse).exists(table):
+        return None
+    files = pa.table(DeltaTable(table_uri(warehouse, table), storage_options=delta_storage_options())
+                     .get_add_actions(flatten=True)).to_pydict()
+    stamps = [int(m.timestamp() * 1000) if hasattr(m, "timestamp") else int(m) for m in files.get("modification_time", [])
+              if m is not None]
+    return max(stamps, default=None)
+
+
+@dg.sensor(
+    name="trend_catch_up",
+    job_name=TREND_JOB,
+    minimum_interval_seconds=TREND_CATCH_UP_INTERVAL_S,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Refreshes the trend table when the warehouse holds an audit newer than it: audits run from the shell "
+    "(replica-lens audit, with or without DAGSTER_HOME), and those done while no daemon ran, which "
+    "trend_after_audit never sees.",
+)
+def trend_catch_up(context: dg.SensorEvaluationContext, store: DeltaStore) -> dg.SensorResult:
+    warehouse = store.warehouse_root
+    audited = newest_commit_ms(warehouse, "divergence_summary")
+    if audited is None:
+        return dg.SensorResult(skip_reason=f"no audit in the warehouse {warehouse} yet")
+    trend = newest_commit_ms(warehouse, "audit_trend")
+    if trend is not None and trend >= audited:
+        return dg.SensorResult(skip_reason="the trend is newer than every audit in the warehouse")
+    running = context.instance.get_runs(dg.RunsFilter(job_name=TREND_JOB, statuses=list(_UNFINISHED)), limit=1)
+    if running:
+        return dg.SensorResult(skip_reason=f"a {TREND_JOB} run is under way ({running[0].run_id})")
+    # One run per audit commit seen: a later tick that sees the same newest audit requests nothing new.
+    return dg.SensorResult(run_requests=[dg.RunRequest(run_key=f"trend-for-audit-{audited}")])
+
+
 VACUUM_JOB = "vacuum_warehouse"
 
 

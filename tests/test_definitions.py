@@ -39,7 +39,7 @@ def test_the_code_location_loads_with_exactly_its_jobs_sensors_and_schedule():
     assert {job.name for job in repository.get_all_jobs()} - {"__ASSET_JOB"} == {
         "audit_snapshot", "refresh_trend", "vacuum_warehouse", "explain_key",
     }
-    assert {sensor.name for sensor in repository.sensor_defs} == {"landing_sensor", "trend_after_audit"}
+    assert {sensor.name for sensor in repository.sensor_defs} == {"landing_sensor", "trend_after_audit", "trend_catch_up"}
     assert {schedule.name for schedule in repository.schedule_defs} == {"reaudit_newest_snapshot", "vacuum_warehouse_daily"}
     # One process per run: Spark starts once and every step shares its JVM. The audit's independent steps run
     # side by side on threads (a multiprocess executor would start a JVM per step).
@@ -90,7 +90,9 @@ def test_sensors_and_schedule_target_their_jobs_and_run_by_default():
     assert landing.required_resource_keys == {"landing"}
     trend = defs.resolve_sensor_def("trend_after_audit")
     assert isinstance(trend, dg.RunStatusSensorDefinition) and trend.job_name == "refresh_trend"
-    for sensor in (landing, trend):
+    catch_up = defs.resolve_sensor_def("trend_catch_up")
+    assert catch_up.job_name == "refresh_trend" and catch_up.required_resource_keys == {"store"}
+    for sensor in (landing, trend, catch_up):
         assert sensor.default_status == dg.DefaultSensorStatus.RUNNING, sensor.name
     schedule = defs.resolve_schedule_def("reaudit_newest_snapshot")
     assert (schedule.job_name, schedule.cron_schedule) == ("audit_snapshot", "0 * * * *")

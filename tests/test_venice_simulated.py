@@ -436,3 +436,38 @@ def test_the_explain_key_launchpad_shows_every_field_explains_a_real_key_by_defa
         description = failed.user_failure_data.description
         assert words in description and "\n" not in description, description
         assert failed.error.cause is None, failed.error.cause  # no chained traceback of ours beneath the Failure
+
+
+def test_the_trend_follows_audits_run_from_the_shell(audited, landing):
+    """Issue 71, item 8: ``audit_trend`` stayed "Never materialized" after audits from the shell (the run status
+    sensor only set its cursor: it sees runs of the daemon's instance, after it started). ``trend_catch_up`` asks for
+    ``refresh_trend`` once the warehouse holds an audit newer than the trend, and nothing once the trend is newer.
+    Catches a sensor that waits for runs it will never see, a trend that counts key pairs, and a second request for
+    the same audit."""
+    import dagster as dg
+
+    from replica_lens.definitions import build_definitions
+    from replica_lens.jobs import trend_catch_up
+
+    with dg.instance_for_test() as instance:
+        first = trend_catch_up(dg.build_sensor_context(instance=instance, resources={"store": audited}))
+        (request,) = first.run_requests
+        assert request.run_key.startswith("trend-for-audit-")
+        defs = build_definitions(landing_root=str(landing), warehouse_root=audited.warehouse_root, **SETTINGS)
+        assert defs.resolve_job_def("refresh_trend").execute_in_process(instance=instance).success
+        again = trend_catch_up(dg.build_sensor_context(instance=instance, resources={"store": audited}))
+        assert not again.run_requests and "newer" in again.skip_reason.skip_message
+    trend = {r["snapshot_id"]: r for r in _whole_table(audited.warehouse_root, "audit_trend")}
+    for sid, audit in AUDITS.items():
+        metadata = audit.metadata["divergence_reports"]
+        assert (trend[sid]["keys_compared"], trend[sid]["divergent"], trend[sid]["missing"], trend[sid]["in_flight"]) \
+            == (metadata["keys_compared"], metadata["keys_divergent"], metadata["keys_missing"],
+                metadata["keys_in_flight"]), sid
+
+
+def _whole_table(warehouse: str, table: str) -> list[dict]:
+    from deltalake import DeltaTable
+
+    from resources.delta_reader import table_uri
+
+    return DeltaTable(table_uri(warehouse, table)).to_pyarrow_table().to_pylist()
