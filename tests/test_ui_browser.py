@@ -71,6 +71,11 @@ def test_the_landing_sensor_audits_a_dropped_snapshot_and_the_ui_shows_it(dagste
     assert "data:image/png;base64," in metadata["most_important_keys"], metadata["most_important_keys"][:200]
     report_png = ui.check_report_page(page, ui.SNAPSHOT_CONFIG.regions, tmp_path / "screenshots")
 
+    # Issue 71, items 3 and 7: the left menu's "Lineage" (as the docs name it) and the materialization's Markdown,
+    # whose key and report path render as themselves.
     graph_png, reports_png = ui.capture_ui(dev, run_id, ui.SNAPSHOT, metadata, tmp_path / "screenshots")
     for png in (graph_png, reports_png, report_png):
         assert png.read_bytes().startswith(b"\x89PNG"), png
+    # Issue 71, item 5: the explain_key Launchpad shows every field, and launched as it opens it explains a key.
+    explained = ui.launch_explain_key(dev, tmp_path / "screenshots")
+    ui.wait_for_success(dev, explained)
