@@ -41,7 +41,9 @@ Instead:
    first case, else the version at ``run_end(s)``: the first version of the range whose
    content differs from w's.
 4. One witness per key: the earliest proving w (⊥ first), with its v.
-5. Counts and last versions of every key come from the same pass; the verdict follows.
+5. Counts and last versions of every key come from the same pass; the verdict follows. So do the
+   keys of each topic partition per worst verdict over its pairs (SPEC 10: a key counts once): a
+   key's rows of every replica are in one task, so each task counts its keys and the counts add up.
 
 The whole comparison is one pass (``compare_keys``): one exchange puts every data row of
 a key in a topic partition, of every replica, into one Spark partition, and a vectorized
@@ -199,7 +201,7 @@ _PAYLOAD = tuple(name for name, _ in LAST_VERSION if name not in ("offset", "val
 
 
 def compare_columns(regions: int) -> T.StructType:
-    """What ``compare_keys`` returns: rows of two kinds, told apart by a null ``pair_id``.
+    """What ``compare_keys`` returns: rows of three kinds, told apart by a null ``pair_id`` and ``replica_id``.
 
     Per (pair, key), ``pair_id`` set: counts, last rows, and the witness when proven. Per
     topic partition, ``pair_id`` and ``replica_id`` null: its keys this task holds counted once each, under their
