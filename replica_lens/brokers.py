@@ -402,3 +402,57 @@ def produce_snapshot(
                                   f"first: {errors[0]}")
             produced[(region, rename.get(topic, topic), partition)] = len(rows)
     return produced
+
+
+def demo(argv: Optional[list[str]] = None) -> int:
+    """``scripts/kafka-demo.sh``: start a broker per region, produce a simulated store into them, dump it with
+    ``replica-lens dump-kafka``, audit the snapshot, and stop the brokers (also on failure or Ctrl-C)."""
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(prog="kafka-demo", description=demo.__doc__)
+    parser.add_argument("--landing", default="landing")
+    parser.add_argument("--warehouse", default="warehouse")
+    parser.add_argument("--snapshot-id", default=time.strftime("kafka-demo-%Y%m%d-%H%M%S"))
+    parser.add_argument("--regions", type=int, default=3)
+    parser.add_argument("--keys", type=int, default=500)
+    parser.add_argument("--writes", type=int, default=10000)
+    args = parser.parse_args(argv)
+
+    from replica_lens.simulator import SimulationConfig, simulate
+
+    cli = [sys.executable, "-m", "replica_lens.cli"]
+    source = f"{args.snapshot_id}-simulated"
+    config = SimulationConfig(regions=args.regions, partitions=2, keys=args.keys, writes=args.writes, exporters=0,
+                              conflicting_writes=3, lost_writes=2, file_format="venice-kafka",
+                              compression="zstd-dict", chunk_above=64, push_control_messages=True)
+    scratch = Path(tempfile.mkdtemp(prefix="kafka-demo-"))
+    simulate(str(scratch), source, config)
+    truth = json.loads((scratch / f"{source}.ground_truth.json").read_text())["venice"]
+    regions = sorted({region for region, _, _ in kafka_files(str(scratch / source))})
+    print(f"kafka-demo: starting a single-node KRaft cluster per region: {', '.join(regions)}", flush=True)
+    with start_clusters(regions, root=str(scratch)) as clusters:
+        for region, node in clusters.nodes.items():
+            print(f"  {region}: {node.bootstrap}")
+        produced = produce_snapshot(str(scratch / source), {r: n.bootstrap for r, n in clusters.nodes.items()},
+                                    topic_config={"retention.ms": "-1"})
+        print(f"kafka-demo: produced {sum(produced.values()):,} simulated Venice records "
+              f"({truth['push_settings']}) into {len(produced)} partitions", flush=True)
+        topics = sorted({topic for _, topic, _ in produced})
+        dump = [*cli, "dump-kafka", *clusters.regions_arg(), "--landing", args.landing,
+                "--snapshot-id", args.snapshot_id, *[a for t in topics for a in ("--topic", t)]]
+        print("$ replica-lens " + " ".join(dump[3:]), flush=True)
+        code = subprocess.call(dump)
+    shutil.rmtree(scratch, ignore_errors=True)
+    if code != 0:
+        return code
+    audit = [*cli, "audit", "--landing", args.landing, "--warehouse", args.warehouse, "--snapshot-id",
+             args.snapshot_id, "--cluster-regions", truth["cluster_regions"],
+             "--venice-clock-uncertainty-ms", str(truth["clock_uncertainty_ms"])]
+    print("$ replica-lens " + " ".join(audit[3:]), flush=True)
+    return subprocess.call(audit)
+
+
+if __name__ == "__main__":
+    raise SystemExit(demo())
