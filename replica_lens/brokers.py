@@ -293,6 +293,7 @@ def producer_config(bootstrap: str, **extra) -> dict:
         "batch.num.messages": 10000,
         "compression.type": "lz4",
         "message.max.bytes": 8 * 1024 * 1024,
+        "log_level": 3,  # errors only: a fresh broker's "coordinator load in progress" retries are expected
     }
     config.update(extra)
     return config
