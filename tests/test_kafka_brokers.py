@@ -193,6 +193,19 @@ def test_the_cut_records_what_only_a_broker_does(broker_history):
             assert p["cleanup_policy"] == "compact" and p["not_delivered"] > 0
 
 
+def test_the_cut_is_a_table_after_the_audit(spark, broker_history):
+    """Catches a cut lost between the snapshot and the warehouse: a partition missing or altered in
+    ``broker_cuts``, or rows in it for a snapshot of files."""
+    store, _, cut, _ = broker_history
+    table = store.read_snapshot(spark, "broker_cuts", "broker", struct_for("broker_cuts")).collect()
+    got = sorted((r["region"], r["topic"], r["partition"], r["start_offset"], r["end_offset"], r["log_start_offset"],
+                  r["records_delivered"], r["offsets_not_delivered"], r["cleanup_policy"]) for r in table)
+    want = sorted((p["region"], p["topic"], p["partition"], p["start"], p["end"], p["log_start"], p["delivered"],
+                   p["not_delivered"], p["cleanup_policy"]) for p in cut["partitions"])
+    assert got == want and {r["isolation_level"] for r in table} == {"read_committed"}
+    assert store.read_snapshot(spark, "broker_cuts", "files", struct_for("broker_cuts")).count() == 0
+
+
 def test_broker_gaps_are_reported_and_prove_nothing_the_complete_topic_does_not(spark, broker_history):
     """Catches the aborted transaction's offsets or the compacted records not reported as gaps where the
     watermarks are, and a verdict proven on a compacted, transactional or truncated dump that the complete

@@ -278,6 +278,22 @@ def cut_document(cut: list[PartitionCut], request: DumpRequest, taken_at: dt.dat
     }
 
 
+def cut_rows(text: str, snapshot_id: str) -> list[dict]:
+    """``_cut.json``'s partitions as rows of ``broker_cuts`` (schemas/broker.py)."""
+    document = json.loads(text)
+    cut_at_ms = int(dt.datetime.fromisoformat(document["cut_at"]).timestamp() * 1000)
+    return [
+        {
+            "snapshot_id": snapshot_id, "region": p["region"], "topic": p["topic"], "partition": int(p["partition"]),
+            "start_offset": int(p["start"]), "end_offset": int(p["end"]), "log_start_offset": int(p["log_start"]),
+            "records_delivered": int(p["delivered"]), "offsets_not_delivered": int(p["not_delivered"]),
+            "cleanup_policy": p["cleanup_policy"], "isolation_level": document["isolation_level"],
+            "cut_at_ms": cut_at_ms, "continues": document.get("continues"),
+        }
+        for p in document["partitions"]
+    ]
+
+
 def reader_options(request: DumpRequest, bootstrap_servers: str, cut: list[PartitionCut]) -> dict[str, str]:
     """The Kafka source's options for one region's batch read of exactly its cut: per partition from ``s`` (or
     the log start, when retention removed ``[s, log start)``) up to ``e``."""
