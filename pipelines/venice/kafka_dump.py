@@ -1,11 +1,19 @@
-"""Version topics read from Kafka brokers into a snapshot folder of raw Venice records (issue 18 item 5).
+"""Version topics read from Kafka brokers into a snapshot folder of raw Venice records (issue 18 item 5, the
+cut of issue 68 and SPEC 11).
 
-``replica-lens dump-kafka`` reads each region's version topics with Spark's Kafka source
-(``spark.read.format("kafka")``, a batch read between two offset specifications) and lands
-them as Parquet with the Kafka source's columns plus ``region``: exactly the files ingestion
-recognizes as raw Venice records (``pipelines/ingest/reading.py``, ``is_venice_schema``) and decodes
-with the same decoder (``pipelines/venice/frame.py``). ``replica-lens audit`` then audits the
-snapshot like any other.
+``replica-lens dump-kafka`` first takes the *cut*: for every partition of the named topics in every region,
+Kafka's admin client (in Spark's JVM, with the consumer settings of the read) reports the log start offset,
+the end offset (the last stable offset under ``read_committed``, the default) and the topic's
+``cleanup.policy`` (``take_cut``), before any record is read. Each partition is then read over exactly
+``[s, e)`` with Spark's Kafka source (a batch read: ``assign`` with ``startingOffsets``/``endingOffsets`` per
+partition, ``reader_options``): ``e`` the end offset, never inferred from the last record; ``s`` the log start,
+or with ``--continue-from`` the previous snapshot's ``e`` (``previous_ends``). The records land as Parquet with
+the Kafka source's columns plus ``region``: exactly the files ingestion recognizes as raw Venice records
+(``pipelines/ingest/reading.py``, ``is_venice_schema``) and decodes with the same decoder
+(``pipelines/venice/frame.py``). ``_cut.json`` (``cut_document``: the cut, the records each partition
+delivered and the offsets that delivered none) is written before ``_SUCCESS``; the audit turns it into the
+``broker_cuts`` table (``cut_rows``, ``assets/ingest.py``). ``replica-lens audit`` then audits the snapshot like
+any other.
 
 Why a dump lands a snapshot instead of the audit reading the brokers itself: a snapshot is
 immutable (Dagster partitions, re-materialization and lineage rely on reading the same rows
@@ -13,14 +21,19 @@ again), while a topic keeps moving and compacts; the landed files are what the a
 things about, and they stay there to be re-audited.
 
 Layout: per region, Spark writes into ``<landing>/<snapshot_id>/.dump-<region>/``; its part
-files are then moved up as ``<region>.<part file>`` and the temporary folder removed; the
-empty ``_SUCCESS`` is written last, after every region, so the landing sensor never sees a
-half-written snapshot.
+files are then moved up as ``<region>.<part file>`` and the temporary folder removed; ``_cut.json``
+and then the empty ``_SUCCESS`` are written last, after every region, so the landing sensor never sees a
+half-written snapshot; any failure after the cut removes the folder (``land_snapshot``). A region whose
+brokers do not answer the cut stops the dump before anything is written (``BrokerUnavailable``).
+
+Consumer settings (``kafka_options``: SASL, SSL) reach the admin client and the Kafka source and nothing else:
+not ``_cut.json``, not a table, not the output; ``DumpRequest.redact`` takes their values out of error messages.
 
 The Kafka source is not part of Spark's distribution: it needs the
 ``spark-sql-kafka-0-10`` jar of the running Spark version and its dependencies
 (``kafka-clients``, ``commons-pool2``, ``spark-token-provider-kafka-0-10``). ``--kafka-jars
-DIR`` adds every jar of a folder to ``spark.jars``; on a cluster with network access
+DIR`` adds every jar of a folder to ``spark.jars`` (default: ``jvm/lib/kafka-source`` when
+``scripts/setup-jvm.sh`` resolved it, ``default_kafka_jars``); on a cluster with network access
 ``spark.jars.packages`` does the same. Without them the read fails with ``MissingKafkaSource``.
 """
 from __future__ import annotations
@@ -214,7 +227,7 @@ def take_cut(spark: SparkSession, request: DumpRequest, region: str, previous: d
         raise
     except Exception as exc:  # noqa: BLE001 - py4j wraps Kafka's TimeoutException, UnknownTopic..., auth errors
         raise BrokerUnavailable(
-            f"region {region}: its brokers ({request.regions[region]}) did not answer the cut: {_java_reason(exc)}"
+            f"region {region}: the cut failed at its brokers ({request.regions[region]}): {_java_reason(exc)}"
         ) from None
     finally:
         if admin is not None:
@@ -470,13 +483,14 @@ def dump(
 
     def record_cut(target: Location) -> None:
         # What each partition delivered, counted from the landed files (what the audit will read).
+        files = _data_files(target)
         stats = {
             (r["region"], r["topic"], r["partition"]): r
-            for r in spark.read.parquet(*[f.uri for f in _data_files(target)])
+            for r in spark.read.parquet(*[f.uri for f in files])
             .groupBy("region", "topic", "partition")
             .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("lo"), F.max("offset").alias("hi"))
             .collect()
-        } if _data_files(target) else {}
+        } if files else {}
         delivered = []
         for region, cut in cuts.items():
             for p in cut:
