@@ -16,6 +16,7 @@ the simulator gave it (checked: a mismatch is an error, never a silently shifted
 """
 from __future__ import annotations
 
+import atexit
 import base64
 import glob
 import os
@@ -237,6 +238,7 @@ def start_clusters(
     base = Path(root or tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     clusters = Clusters(keep=keep)
+    atexit.register(clusters.stop)  # an interpreter that ends without stopping them (an error, Ctrl-C) still does
     try:
         for region in regions:
             clusters.nodes[region] = _launch(region, base, jars, tuple(jvm_options), overrides)

@@ -22,6 +22,7 @@ LONGEST_FIRST = (
     "test_ui_browser.py",
     "test_cluster.py",
     "test_venice_ingest.py",
+    "test_kafka_brokers.py",
     "test_audit_e2e.py",
     "test_leapfrog_properties.py",
     "test_venice_simulated.py",
