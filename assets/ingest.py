@@ -26,7 +26,9 @@ from pipelines.venice.frame import (
     unknown_cluster_ids_message,
 )
 from pipelines.venice.values import Limits
+from pipelines.venice.kafka_dump import CUT_FILE, cut_rows
 from resources.delta_store import DeltaStore
+from resources.filesystem import Location
 from resources.landing import LandingZone
 from resources.session import session_settings
 from resources.spark import SparkResource
@@ -223,3 +225,31 @@ def raw_topic_snapshots(
                 f"{len(not_audited)} version topic(s) not audited, push settings unknown: "
                 f"{', '.join(sorted(not_audited))}; {NAME_THE_SETTINGS}"),
         )
+
+
+@dg.asset(
+    name="broker_cuts",
+    group_name=GROUP,
+    kinds=KINDS,
+    description="The cut of a snapshot read from Kafka brokers (SPEC 11), per region, topic and partition: the offsets "
+    "read [start, end), the log start offset, records delivered, offsets that delivered none (gaps), the topic's "
+    "cleanup.policy, the isolation level and the time of the cut, from the snapshot's _cut.json; empty for files.",
+    check_specs=[schema_check_spec("broker_cuts")],
+    partitions_def=snapshot_partitions,
+    tags={"stage": "raw"},
+)
+def broker_cuts(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore, landing: LandingZone):
+    snapshot_id = context.partition_key
+    cut_file = Location.of(landing.require_complete(snapshot_id)).child(CUT_FILE)
+    rows = cut_rows(cut_file.read_text(), snapshot_id) if cut_file.is_file() else []
+    session = spark.spark_session
+    tables = StepTables(session, store, snapshot_id, rows=len(rows))
+    if rows:
+        tables.stage(session.createDataFrame(rows, struct_for("broker_cuts")), "broker_cuts")
+    else:
+        tables.stage_empty("broker_cuts")
+    tables.add_metadata("broker_cuts", {
+        "partitions": len(rows),
+        "offsets_not_delivered": sum(r["offsets_not_delivered"] for r in rows),
+    })
+    yield from tables.publish()

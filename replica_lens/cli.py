@@ -130,22 +130,42 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 def _dump_kafka(args: argparse.Namespace) -> int:
-    from pipelines.venice.kafka_dump import DumpRequest, dump, parse_pairs
+    from pipelines.venice.kafka_dump import (
+        BrokerUnavailable, DumpRequest, default_kafka_jars, dump, options_file, parse_pairs,
+    )
+    from resources.errors import UsageError
 
+    options = options_file(args.kafka_options_file)
+    for name, value in parse_pairs(args.kafka_option, "--kafka-option").items():
+        options[name] = value
     request = DumpRequest(
         regions=parse_pairs(args.region, "--region"),
         topics=tuple(dict.fromkeys(args.topic)),
-        starting_offsets=args.starting_offsets,
-        ending_offsets=args.ending_offsets,
-        kafka_options=parse_pairs(args.kafka_option, "--kafka-option"),
+        isolation_level=args.isolation_level,
+        kafka_options=options,
+        continue_from=args.continue_from,
+        timeout_s=args.broker_timeout,
     )
-    summary = dump(
-        request, args.landing, args.snapshot_id, spark_master=args.spark_master, kafka_jars_dir=args.kafka_jars,
-        overwrite=args.overwrite,
-    )
+    try:
+        summary = dump(
+            request, args.landing, args.snapshot_id, spark_master=args.spark_master,
+            kafka_jars_dir=args.kafka_jars or default_kafka_jars(), overwrite=args.overwrite,
+        )
+    except BrokerUnavailable as error:  # the cut failed before anything was written: one line, exit 1
+        print(f"replica-lens: {request.redact(str(error))}; nothing was written", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    except UsageError as error:  # a consumer setting quoted back never reaches the terminal or a log
+        raise UsageError(request.redact(str(error))) from None
+    except Exception as error:  # noqa: BLE001 - the same for anything else, still reported as a bug
+        raise RuntimeError(request.redact(f"{type(error).__name__}: {error}")) from None
     print(f"snapshot {args.snapshot_id} written to {summary['snapshot_dir']}")
+    cut = summary["cut"]
     for region, counts in summary["regions"].items():
-        print(f"  {region}: {counts.get('records', 0):,} records in {counts['files']} files")
+        parts = [p for p in cut["partitions"] if p["region"] == region]
+        missing = sum(p["not_delivered"] for p in parts)
+        print(f"  {region}: {counts.get('records', 0):,} records in {counts['files']} files; "
+              f"{len(parts)} partitions cut at {cut['cut_at']} ({cut['isolation_level']}), "
+              f"{missing:,} offsets of the cut delivered no record (gaps)")
     print("audit it with: replica-lens audit --landing ... --snapshot-id ... --cluster-regions ID=REGION,...")
     return 0
 
@@ -363,16 +383,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dump.add_argument("--landing", required=True, help="landing folder to write the snapshot folder into")
     dump.add_argument("--snapshot-id", required=True, help="name of the snapshot folder")
-    dump.add_argument("--starting-offsets", default="earliest", help="Kafka source startingOffsets (default: earliest)")
-    dump.add_argument("--ending-offsets", default="latest", help="Kafka source endingOffsets (default: latest)")
+    dump.add_argument(
+        "--isolation-level", choices=("read_committed", "read_uncommitted"), default="read_committed",
+        help="read_committed (default): the cut ends at each partition's last stable offset and aborted records are "
+        "gaps; read_uncommitted reads records of open and aborted transactions too (docs/venice-input.md)",
+    )
+    dump.add_argument(
+        "--continue-from", metavar="SNAPSHOT_ID", default=None,
+        help="a broker snapshot in the same landing folder: each partition starts at the end of its cut",
+    )
     dump.add_argument(
         "--kafka-option", action="append", default=[], metavar="NAME=VALUE",
-        help="a Kafka consumer setting, passed as kafka.NAME (security.protocol, sasl.*, ssl.*); repeatable",
+        help="a Kafka consumer setting, passed as kafka.NAME (security.protocol, sasl.*, ssl.*); repeatable; "
+        "never written to a file, a table or a log",
+    )
+    dump.add_argument(
+        "--kafka-options-file", metavar="FILE", default=os.environ.get("REPLICA_LENS_KAFKA_OPTIONS_FILE") or None,
+        help="consumer settings as NAME=VALUE lines (for secrets; default: $REPLICA_LENS_KAFKA_OPTIONS_FILE); "
+        "--kafka-option wins over the file",
+    )
+    dump.add_argument(
+        "--broker-timeout", type=float, default=30.0, metavar="SECONDS",
+        help="how long each region's brokers have to answer the cut (default: 30)",
     )
     dump.add_argument(
         "--kafka-jars",
-        default=os.environ.get("REPLICA_LENS_KAFKA_JARS") or None,
-        help="folder with the spark-sql-kafka jars and their dependencies (default: $REPLICA_LENS_KAFKA_JARS)",
+        default=None,
+        help="folder with the spark-sql-kafka jars and their dependencies (default: $REPLICA_LENS_KAFKA_JARS, "
+        "else the project's jvm/lib/kafka-source when ./scripts/setup-jvm.sh resolved it)",
     )
     dump.add_argument(
         "--spark-master", default=os.environ.get("REPLICA_LENS_SPARK_MASTER", "local[*]"), help="Spark master URL"

@@ -7,4 +7,5 @@ STEP_INPUTS = {
     "divergence_reports": "reconstructed_watermarks",
     "replication_lag": "raw_topic_snapshots",
     "exporter_tables": "raw_topic_snapshots",
+    "broker_cuts": None,  # the snapshot's _cut.json (no rows of a file snapshot: its table is empty)
 }

@@ -6,6 +6,7 @@ import functools
 import pandera.pyspark as pa
 from pyspark.sql import types as T
 
+from schemas.broker import BrokerCuts
 from schemas.divergence import DivergenceReports, DivergenceSummary
 from schemas.operations import (
     CompactionBounds,
@@ -41,6 +42,7 @@ _MODELS: dict[str, type[pa.DataFrameModel]] = {
         ExporterRegressions,
         CompactionBounds,
         AuditTrend,
+        BrokerCuts,
     )
 }
 

@@ -22,6 +22,7 @@ LONGEST_FIRST = (
     "test_ui_browser.py",
     "test_cluster.py",
     "test_venice_ingest.py",
+    "test_kafka_brokers.py",
     "test_audit_e2e.py",
     "test_leapfrog_properties.py",
     "test_venice_simulated.py",
@@ -82,8 +83,8 @@ def spark():
         # measured with a small one (docs/venice-input.md, "Memory").
         memory = os.environ.get(TEST_DRIVER_MEMORY) or DEFAULT_DRIVER_MEMORY
         session = build_spark_session(
-            master="local[2]", shuffle_partitions=4, app_name="replica-lens-tests", extra=STATUS_RETENTION,
-            driver_memory=memory,
+            master="local[2]", shuffle_partitions=4, app_name="replica-lens-tests",
+            extra={**STATUS_RETENTION, **_kafka_source_jars()}, driver_memory=memory,
         )
     finally:
         os.environ[SUBMIT_OPTS] = children
@@ -92,6 +93,30 @@ def spark():
     interpret_by_default(session)
     yield session
     session.stop()
+
+
+def _kafka_source_jars() -> dict[str, str]:
+    """Spark's Kafka source in the suite's JVM when ``scripts/setup-jvm.sh`` resolved it: the broker tests
+    (tests/test_kafka_brokers.py) dump in this process instead of starting a JVM per dump."""
+    from pipelines.venice.kafka_dump import default_kafka_jars, kafka_jars
+
+    folder = default_kafka_jars()
+    return {"spark.jars": ",".join(kafka_jars(folder))} if folder else {}
+
+
+@pytest.fixture(scope="session")
+def kafka_clusters(tmp_path_factory):
+    """One single-node KRaft cluster per region (dc-a, dc-b, dc-c), started together once per worker and
+    shared by every broker test (each uses topics of its own); skipped without jvm/lib/kafka-broker."""
+    from replica_lens.brokers import broker_jars_present, start_clusters
+
+    if not broker_jars_present():
+        pytest.skip("no Kafka broker jars in jvm/lib/kafka-broker: ./scripts/setup-jvm.sh resolves them with Maven")
+    clusters = start_clusters(["dc-a", "dc-b", "dc-c"], root=str(tmp_path_factory.mktemp("brokers")))
+    try:
+        yield clusters
+    finally:
+        clusters.stop()
 
 
 # Every snapshot the suite's own JVM handles is small, and most tests call the pipelines directly (no step, so no

@@ -41,6 +41,7 @@ PER_SNAPSHOT_TABLES = (
     "raw_topic_snapshots",
     "raw_topic_quarantine",
     "raw_topic_skipped",
+    "broker_cuts",
     "heartbeat_segments",
     "heartbeat_segment_summary",
     "reconstructed_watermarks",

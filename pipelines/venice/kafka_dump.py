@@ -1,11 +1,19 @@
-"""Version topics read from Kafka brokers into a snapshot folder of raw Venice records (issue 18 item 5).
+"""Version topics read from Kafka brokers into a snapshot folder of raw Venice records (issue 18 item 5, the
+cut of issue 68 and SPEC 11).
 
-``replica-lens dump-kafka`` reads each region's version topics with Spark's Kafka source
-(``spark.read.format("kafka")``, a batch read between two offset specifications) and lands
-them as Parquet with the Kafka source's columns plus ``region``: exactly the files ingestion
-recognizes as raw Venice records (``pipelines/ingest/reading.py``, ``is_venice_schema``) and decodes
-with the same decoder (``pipelines/venice/frame.py``). ``replica-lens audit`` then audits the
-snapshot like any other.
+``replica-lens dump-kafka`` first takes the *cut*: for every partition of the named topics in every region,
+Kafka's admin client (in Spark's JVM, with the consumer settings of the read) reports the log start offset,
+the end offset (the last stable offset under ``read_committed``, the default) and the topic's
+``cleanup.policy`` (``take_cut``), before any record is read. Each partition is then read over exactly
+``[s, e)`` with Spark's Kafka source (a batch read: ``assign`` with ``startingOffsets``/``endingOffsets`` per
+partition, ``reader_options``): ``e`` the end offset, never inferred from the last record; ``s`` the log start,
+or with ``--continue-from`` the previous snapshot's ``e`` (``previous_ends``). The records land as Parquet with
+the Kafka source's columns plus ``region``: exactly the files ingestion recognizes as raw Venice records
+(``pipelines/ingest/reading.py``, ``is_venice_schema``) and decodes with the same decoder
+(``pipelines/venice/frame.py``). ``_cut.json`` (``cut_document``: the cut, the records each partition
+delivered and the offsets that delivered none) is written before ``_SUCCESS``; the audit turns it into the
+``broker_cuts`` table (``cut_rows``, ``assets/ingest.py``). ``replica-lens audit`` then audits the snapshot like
+any other.
 
 Why a dump lands a snapshot instead of the audit reading the brokers itself: a snapshot is
 immutable (Dagster partitions, re-materialization and lineage rely on reading the same rows
@@ -13,19 +21,26 @@ again), while a topic keeps moving and compacts; the landed files are what the a
 things about, and they stay there to be re-audited.
 
 Layout: per region, Spark writes into ``<landing>/<snapshot_id>/.dump-<region>/``; its part
-files are then moved up as ``<region>.<part file>`` and the temporary folder removed; the
-empty ``_SUCCESS`` is written last, after every region, so the landing sensor never sees a
-half-written snapshot.
+files are then moved up as ``<region>.<part file>`` and the temporary folder removed; ``_cut.json``
+and then the empty ``_SUCCESS`` are written last, after every region, so the landing sensor never sees a
+half-written snapshot; any failure after the cut removes the folder (``land_snapshot``). A region whose
+brokers do not answer the cut stops the dump before anything is written (``BrokerUnavailable``).
+
+Consumer settings (``kafka_options``: SASL, SSL) reach the admin client and the Kafka source and nothing else:
+not ``_cut.json``, not a table, not the output; ``DumpRequest.redact`` takes their values out of error messages.
 
 The Kafka source is not part of Spark's distribution: it needs the
 ``spark-sql-kafka-0-10`` jar of the running Spark version and its dependencies
 (``kafka-clients``, ``commons-pool2``, ``spark-token-provider-kafka-0-10``). ``--kafka-jars
-DIR`` adds every jar of a folder to ``spark.jars``; on a cluster with network access
+DIR`` adds every jar of a folder to ``spark.jars`` (default: ``jvm/lib/kafka-source`` when
+``scripts/setup-jvm.sh`` resolved it, ``default_kafka_jars``); on a cluster with network access
 ``spark.jars.packages`` does the same. Without them the read fails with ``MissingKafkaSource``.
 """
 from __future__ import annotations
 
+import datetime as dt
 import glob
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -50,15 +65,28 @@ def kafka_package(spark_version: str) -> str:
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version}"
 
 
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+CUT_FILE = "_cut.json"
+# Consumer settings that never reach a file, a table, a log line or an error message as they are:
+# every value given with --kafka-option or --kafka-options-file is treated as one (``redact``).
+REDACTED = "<redacted>"
+
+
+class BrokerUnavailable(RuntimeError):
+    """A region's brokers did not answer the cut (or a partition has no leader): nothing was written."""
+
+
 @dataclass(frozen=True)
 class DumpRequest:
-    """What to read: per region its brokers, the version topics, and the offsets to read between."""
+    """What to read: per region its brokers, the version topics, the isolation level, consumer settings, and
+    optionally the previous snapshot of the chain (its cut's ``e`` is this cut's ``s``)."""
 
     regions: dict[str, str]  # region -> bootstrap servers
     topics: tuple[str, ...]
-    starting_offsets: str = "earliest"
-    ending_offsets: str = "latest"
+    isolation_level: str = "read_committed"
     kafka_options: dict[str, str] = field(default_factory=dict)  # passed as kafka.<name>
+    continue_from: Optional[str] = None  # snapshot id in the same landing folder
+    timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.regions:
@@ -68,6 +96,27 @@ class DumpRequest:
         for region, servers in self.regions.items():
             if not region or not servers:
                 raise InvalidSetting(f"region {region!r}: expected REGION=HOST:PORT[,HOST:PORT...]")
+        if self.isolation_level not in ISOLATION_LEVELS:
+            raise InvalidSetting(f"--isolation-level: {self.isolation_level!r} is not one of {ISOLATION_LEVELS}")
+        for name in self.kafka_options:
+            if name in RESERVED_OPTIONS:
+                raise InvalidSetting(f"--kafka-option {name}: set by the dump itself ({RESERVED_OPTIONS[name]})")
+
+    def redact(self, text: str) -> str:
+        """``text`` with every consumer setting's value replaced (error messages may quote a setting)."""
+        for value in sorted(self.kafka_options.values(), key=len, reverse=True):
+            if len(value) >= 3:
+                text = text.replace(value, REDACTED)
+        return text
+
+
+RESERVED_OPTIONS = {
+    "bootstrap.servers": "--region",
+    "isolation.level": "--isolation-level",
+    "group.id": "the Kafka source",
+    "enable.auto.commit": "the Kafka source",
+    "auto.offset.reset": "the cut",
+}
 
 
 def parse_pairs(items: list[str], what: str) -> dict[str, str]:
@@ -77,23 +126,208 @@ def parse_pairs(items: list[str], what: str) -> dict[str, str]:
         name, sep, value = item.partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not name or not value:
-            raise InvalidSetting(f"{what}: {item!r} is not NAME=VALUE")
+            raise InvalidSetting(f"{what}: {name or item!r} is not NAME=VALUE")
         if name in pairs:
             raise InvalidSetting(f"{what}: {name!r} is given twice")
         pairs[name] = value
     return pairs
 
 
-def reader_options(request: DumpRequest, bootstrap_servers: str) -> dict[str, str]:
-    """The Kafka source's options for one region's read (a batch read: no checkpoint, no streaming)."""
+def options_file(path: Optional[str]) -> dict[str, str]:
+    """Consumer settings from a properties file (``name=value`` lines; ``#`` comments, blank lines skipped):
+    where secrets belong (a command line is visible to every user of the machine in ``ps``)."""
+    if not path:
+        return {}
+    try:
+        text = open(os.path.expanduser(path), encoding="utf-8").read()
+    except OSError as exc:
+        raise InvalidSetting(f"--kafka-options-file: cannot read {path!r} ({exc.strerror})") from None
+    lines = [line.strip() for line in text.splitlines()]
+    return parse_pairs([line for line in lines if line and not line.startswith(("#", "!"))],
+                       f"--kafka-options-file {path}")
+
+
+@dataclass(frozen=True)
+class PartitionCut:
+    """One (region, topic, partition) of a cut: read ``[start, end)``; ``log_start`` as the broker reported it."""
+
+    region: str
+    topic: str
+    partition: int
+    start: int  # s: the previous snapshot's e, or the log start offset for a chain's first snapshot
+    end: int  # e: the end offset (last stable offset under read_committed) when the cut was taken
+    log_start: int
+    cleanup_policy: str
+    delivered: Optional[int] = None  # records read in [s, e), once the read is done
+
+    def read_from(self) -> int:
+        """Where the read starts: ``s``, or the log start when retention removed ``[s, log start)``."""
+        return max(self.start, self.log_start)
+
+
+def _java_list(jvm, items):
+    out = jvm.java.util.ArrayList()
+    for item in items:
+        out.add(item)
+    return out
+
+
+def take_cut(spark: SparkSession, request: DumpRequest, region: str, previous: dict) -> list[PartitionCut]:
+    """Ask one region's brokers, before anything is read, for every partition of the topics: its log start
+    offset, its end offset (the last stable offset under read_committed) and the topic's ``cleanup.policy``
+    (Kafka's own admin client, in Spark's JVM: the consumer settings mean what they mean to the Kafka source).
+
+    ``previous``: (region, topic, partition) -> the previous cut's ``e``; ``s`` is that, else the log start.
+    Raises ``BrokerUnavailable`` naming the region when its brokers do not answer within the timeout."""
+    jvm = spark._jvm  # noqa: SLF001 - the Kafka client ships with the Kafka source's jars
+    admin_pkg = jvm.org.apache.kafka.clients.admin
+    seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
+    props = jvm.java.util.Properties()
+    for name, value in request.kafka_options.items():
+        props.put(name, value)
+    timeout_ms = str(int(request.timeout_s * 1000))
+    props.put("bootstrap.servers", request.regions[region])
+    props.put("request.timeout.ms", timeout_ms)
+    props.put("default.api.timeout.ms", timeout_ms)
+    props.put("client.id", f"replica-lens-cut-{region}")
+    wait = int(request.timeout_s) + 5
+    admin = None
+    try:
+        admin = admin_pkg.Admin.create(props)
+        described = admin.describeTopics(_java_list(jvm, request.topics)).allTopicNames().get(wait, seconds)
+        resource_type = getattr(jvm.org.apache.kafka.common.config, "ConfigResource$Type").TOPIC
+        resources = [jvm.org.apache.kafka.common.config.ConfigResource(resource_type, t) for t in request.topics]
+        configs = admin.describeConfigs(_java_list(jvm, resources)).all().get(wait, seconds)
+        partitions: list[tuple[str, int]] = []
+        policies: dict[str, str] = {}
+        for topic, resource in zip(request.topics, resources):
+            description = described.get(topic)
+            for info in description.partitions():
+                if info.leader() is None:
+                    raise BrokerUnavailable(f"region {region}: partition {topic}[{info.partition()}] has no leader")
+                partitions.append((topic, int(info.partition())))
+            entry = configs.get(resource).get("cleanup.policy")
+            policies[topic] = entry.value() if entry is not None else "delete"
+        isolation = jvm.org.apache.kafka.common.IsolationLevel.valueOf(request.isolation_level.upper())
+        options = admin_pkg.ListOffsetsOptions(isolation)
+
+        def offsets(spec) -> dict[tuple[str, int], int]:
+            wanted = jvm.java.util.HashMap()
+            keys = {}
+            for topic, partition in partitions:
+                tp = jvm.org.apache.kafka.common.TopicPartition(topic, partition)
+                keys[(topic, partition)] = tp
+                wanted.put(tp, spec)
+            result = admin.listOffsets(wanted, options).all().get(wait, seconds)
+            return {key: int(result.get(tp).offset()) for key, tp in keys.items()}
+
+        earliest = offsets(admin_pkg.OffsetSpec.earliest())
+        latest = offsets(admin_pkg.OffsetSpec.latest())
+    except BrokerUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - py4j wraps Kafka's TimeoutException, UnknownTopic..., auth errors
+        raise BrokerUnavailable(
+            f"region {region}: the cut failed at its brokers ({request.regions[region]}): {_java_reason(exc)}"
+        ) from None
+    finally:
+        if admin is not None:
+            try:
+                admin.close(jvm.java.time.Duration.ofSeconds(2))
+            except Exception:  # noqa: BLE001 - closing a client of unreachable brokers may fail too
+                pass
+    cut = []
+    for topic, partition in partitions:
+        log_start, end = earliest[(topic, partition)], latest[(topic, partition)]
+        start = previous.get((region, topic, partition), log_start)
+        if start > end:
+            raise UsageError(
+                f"region {region}: {topic}[{partition}] ends at {end}, before the previous snapshot's end {start} "
+                "(the topic was re-created or truncated): start a new chain without --continue-from"
+            )
+        cut.append(PartitionCut(region, topic, partition, start, end, log_start, policies[topic]))
+    return cut
+
+
+def _java_reason(exc: Exception) -> str:
+    """The innermost Java exception's class and message, in one line."""
+    text = str(getattr(exc, "java_exception", None) or exc)
+    causes = [line.strip() for line in text.splitlines() if "Exception" in line and ":" in line]
+    reason = causes[-1] if causes else (text.strip().splitlines() or [type(exc).__name__])[0]
+    reason = reason.removeprefix("Caused by: ")
+    return reason[:300]
+
+
+def previous_ends(landing: str, snapshot_id: Optional[str]) -> dict[tuple[str, str, int], int]:
+    """The ``e`` of every partition of a published snapshot's cut (``--continue-from``)."""
+    if not snapshot_id:
+        return {}
+    check_snapshot_id(snapshot_id)
+    folder = Location.of(landing).child(snapshot_id)
+    if not folder.child(SUCCESS_MARKER).is_file():
+        raise UsageError(f"--continue-from {snapshot_id}: no complete snapshot of that id in {landing}")
+    if not folder.child(CUT_FILE).is_file():
+        raise UsageError(f"--continue-from {snapshot_id}: it has no {CUT_FILE} (not a broker snapshot)")
+    cut = json.loads(folder.child(CUT_FILE).read_text())
+    return {(p["region"], p["topic"], int(p["partition"])): int(p["end"]) for p in cut["partitions"]}
+
+
+def cut_document(cut: list[PartitionCut], request: DumpRequest, taken_at: dt.datetime, snapshot_id: str,
+                 previous: Optional[str]) -> dict:
+    """What ``_cut.json`` holds: the cut per partition, when it was taken, how it was read; no consumer setting."""
+    return {
+        "snapshot_id": snapshot_id,
+        "cut_at": taken_at.isoformat(timespec="milliseconds"),
+        "isolation_level": request.isolation_level,
+        "continues": previous,
+        "regions": {region: request.regions[region] for region in request.regions},
+        "partitions": [
+            {
+                "region": p.region, "topic": p.topic, "partition": p.partition, "start": p.start, "end": p.end,
+                "log_start": p.log_start, "delivered": p.delivered, "cleanup_policy": p.cleanup_policy,
+                "not_delivered": (p.end - p.start - p.delivered) if p.delivered is not None else None,
+            }
+            for p in cut
+        ],
+    }
+
+
+def cut_rows(text: str, snapshot_id: str) -> list[dict]:
+    """``_cut.json``'s partitions as rows of ``broker_cuts`` (schemas/broker.py)."""
+    document = json.loads(text)
+    cut_at_ms = int(dt.datetime.fromisoformat(document["cut_at"]).timestamp() * 1000)
+    return [
+        {
+            "snapshot_id": snapshot_id, "region": p["region"], "topic": p["topic"], "partition": int(p["partition"]),
+            "start_offset": int(p["start"]), "end_offset": int(p["end"]), "log_start_offset": int(p["log_start"]),
+            "records_delivered": int(p["delivered"]), "offsets_not_delivered": int(p["not_delivered"]),
+            "cleanup_policy": p["cleanup_policy"], "isolation_level": document["isolation_level"],
+            "cut_at_ms": cut_at_ms, "continues": document.get("continues"),
+        }
+        for p in document["partitions"]
+    ]
+
+
+def reader_options(request: DumpRequest, bootstrap_servers: str, cut: list[PartitionCut]) -> dict[str, str]:
+    """The Kafka source's options for one region's batch read of exactly its cut: per partition from ``s`` (or
+    the log start, when retention removed ``[s, log start)``) up to ``e``."""
+    assign: dict[str, list[int]] = {}
+    starting: dict[str, dict[str, int]] = {}
+    ending: dict[str, dict[str, int]] = {}
+    for p in cut:
+        assign.setdefault(p.topic, []).append(p.partition)
+        starting.setdefault(p.topic, {})[str(p.partition)] = p.read_from()
+        ending.setdefault(p.topic, {})[str(p.partition)] = p.end
     options = {f"kafka.{name}": value for name, value in request.kafka_options.items()}
     options.update(
         {
             "kafka.bootstrap.servers": bootstrap_servers,
-            "subscribe": ",".join(request.topics),
-            "startingOffsets": request.starting_offsets,
-            "endingOffsets": request.ending_offsets,
-            # A version topic read mid-retention has lost its head: read what is there.
+            "kafka.isolation.level": request.isolation_level,
+            "assign": json.dumps(assign, sort_keys=True),
+            "startingOffsets": json.dumps(starting, sort_keys=True),
+            "endingOffsets": json.dumps(ending, sort_keys=True),
+            "includeHeaders": "true",
+            # Offsets of [s, e) the broker no longer holds (retention between the cut and the read, compaction)
+            # are gaps, not errors: what was delivered is counted against the cut.
             "failOnDataLoss": "false",
         }
     )
@@ -108,31 +342,46 @@ def kafka_source_to_snapshot(records: DataFrame, region: str) -> DataFrame:
     return records.select(*KAFKA_COLUMNS, F.lit(region).alias("region"))
 
 
-def read_region(spark: SparkSession, request: DumpRequest, region: str) -> DataFrame:
-    """One region's version topics from its brokers (fails with ``MissingKafkaSource`` without the jars)."""
+def read_region(spark: SparkSession, request: DumpRequest, region: str, cut: list[PartitionCut]) -> DataFrame:
+    """One region's version topics from its brokers, exactly its cut (fails with ``MissingKafkaSource`` without
+    the jars)."""
     reader = spark.read.format("kafka")
-    for name, value in reader_options(request, request.regions[region]).items():
+    for name, value in reader_options(request, request.regions[region], cut).items():
         reader = reader.option(name, value)
     try:
         records = reader.load()
     except Exception as exc:  # noqa: BLE001 - py4j/Spark raise several types; the message tells
-        if "Failed to find data source: kafka" in str(exc) or "DATA_SOURCE_NOT_FOUND" in str(exc):
-            raise MissingKafkaSource(
-                "Spark has no Kafka source: give the spark-sql-kafka jars with --kafka-jars DIR "
-                f"({kafka_package(spark.version)} and its dependencies kafka-clients, commons-pool2, "
-                "spark-token-provider-kafka-0-10), or spark.jars.packages on a machine that reaches Maven"
-            ) from None
+        if _no_kafka_source(exc):
+            raise _missing_source(spark) from None
         raise
     return kafka_source_to_snapshot(records, region)
 
 
-def land_snapshot(frames: dict[str, DataFrame], landing: str, snapshot_id: str, overwrite: bool = False) -> dict:
-    """Write each region's records into ``<landing>/<snapshot_id>/`` and then ``_SUCCESS``; return counts.
+def _no_kafka_source(exc: Exception) -> bool:
+    text = str(exc)
+    return ("Failed to find data source: kafka" in text or "DATA_SOURCE_NOT_FOUND" in text
+            or "org.apache.kafka.clients.admin" in text and "ClassNotFound" in text)
 
-    An existing snapshot folder is refused unless ``overwrite`` (then its ``_SUCCESS`` goes
-    first, so that no reader takes it for complete while it is replaced)."""
-    check_snapshot_id(snapshot_id)
-    folder = Location.of(landing).child(snapshot_id)
+
+def _missing_source(spark: SparkSession) -> MissingKafkaSource:
+    return MissingKafkaSource(
+        "Spark has no Kafka source: give the spark-sql-kafka jars with --kafka-jars DIR "
+        f"({kafka_package(spark.version)} and its dependencies kafka-clients, commons-pool2, "
+        "spark-token-provider-kafka-0-10), or spark.jars.packages on a machine that reaches Maven"
+    )
+
+
+def _has_kafka_client(spark: SparkSession) -> bool:
+    jvm = spark._jvm  # noqa: SLF001
+    try:  # spark.jars are on the context class loader, not on py4j's own
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName("org.apache.kafka.clients.admin.Admin", False, loader)
+    except Exception:  # noqa: BLE001 - any JVM error means the jars are not there
+        return False
+    return True
+
+
+def _prepare(folder: Location, overwrite: bool, landing: str, snapshot_id: str) -> None:
     if folder.is_dir():
         if not overwrite:
             raise UsageError(f"snapshot {snapshot_id!r} already exists in {landing}; pass --overwrite to replace it")
@@ -140,18 +389,39 @@ def land_snapshot(frames: dict[str, DataFrame], landing: str, snapshot_id: str, 
             folder.fs.delete_file(folder.child(SUCCESS_MARKER).path)
         folder.delete_tree()
     folder.fs.create_dir(folder.path, recursive=True)
-    written: dict[str, dict[str, int]] = {}
-    for region, frame in frames.items():
-        temporary = folder.child(f".dump-{region}")
-        frame.write.mode("overwrite").parquet(temporary.uri)
-        files = [info for info in temporary.walk_files() if os.path.basename(info.path).startswith("part-")]
-        for info in files:
-            name = f"{region}.{os.path.basename(info.path)}"
-            folder.fs.move(info.path, folder.child(name).path)
-        temporary.delete_tree()
-        written[region] = {"files": len(files)}
-    with folder.fs.open_output_stream(folder.child(SUCCESS_MARKER).path):
-        pass
+
+
+def _write_region(folder: Location, region: str, frame: DataFrame) -> int:
+    """Spark writes the region's records into ``.dump-<region>/``; its part files move up as ``<region>.<part>``."""
+    temporary = folder.child(f".dump-{region}")
+    frame.write.mode("overwrite").parquet(temporary.uri)
+    files = [info for info in temporary.walk_files() if os.path.basename(info.path).startswith("part-")]
+    for info in files:
+        folder.fs.move(info.path, folder.child(f"{region}.{os.path.basename(info.path)}").path)
+    temporary.delete_tree()
+    return len(files)
+
+
+def land_snapshot(frames: dict[str, DataFrame], landing: str, snapshot_id: str, overwrite: bool = False,
+                  before_success=None) -> dict:
+    """Write each region's records into ``<landing>/<snapshot_id>/`` and then ``_SUCCESS``; return counts.
+
+    An existing snapshot folder is refused unless ``overwrite`` (then its ``_SUCCESS`` goes
+    first, so that no reader takes it for complete while it is replaced). ``before_success(folder)`` runs
+    after the data is written and before ``_SUCCESS`` (the cut's file). Any failure removes the folder: no
+    half-written snapshot is left behind."""
+    check_snapshot_id(snapshot_id)
+    folder = Location.of(landing).child(snapshot_id)
+    _prepare(folder, overwrite, landing, snapshot_id)
+    try:
+        written = {region: {"files": _write_region(folder, region, frame)} for region, frame in frames.items()}
+        if before_success is not None:
+            before_success(folder)
+        with folder.fs.open_output_stream(folder.child(SUCCESS_MARKER).path):
+            pass
+    except BaseException:
+        folder.delete_tree()
+        raise
     return {"snapshot_dir": folder.uri, "regions": written}
 
 
@@ -165,6 +435,20 @@ def kafka_jars(folder: Optional[str]) -> list[str]:
     return jars
 
 
+def default_kafka_jars() -> Optional[str]:
+    """``$REPLICA_LENS_KAFKA_JARS`` when set (empty: none), else the project's ``jvm/lib/kafka-source`` if present."""
+    if "REPLICA_LENS_KAFKA_JARS" in os.environ:
+        return os.environ["REPLICA_LENS_KAFKA_JARS"] or None
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "jvm", "lib", "kafka-source")
+    return folder if glob.glob(os.path.join(folder, "*.jar")) else None
+
+
+# Spark shows a data source's options in plans and its UI unless their names match these (Spark's default
+# covers secret|password|token|access key; a JAAS configuration or a key store passes under other names).
+REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|sasl|ssl|credential"
+
+
 def dump(
     request: DumpRequest,
     landing: str,
@@ -173,15 +457,63 @@ def dump(
     spark_master: str = "local[*]",
     kafka_jars_dir: Optional[str] = None,
     overwrite: bool = False,
+    spark: Optional[SparkSession] = None,
 ) -> dict:
-    """``replica-lens dump-kafka``: read every region's version topics and land them as one snapshot."""
-    from resources.session import build_spark_session
+    """``replica-lens dump-kafka``: take the cut of every region first, then read exactly it and land it as one
+    snapshot, with ``_cut.json`` (the cut and what each partition delivered) written before ``_SUCCESS``."""
+    check_snapshot_id(snapshot_id)
+    previous = previous_ends(landing, request.continue_from)
+    folder = Location.of(landing).child(snapshot_id)
+    if folder.is_dir() and not overwrite:
+        raise UsageError(f"snapshot {snapshot_id!r} already exists in {landing}; pass --overwrite to replace it")
+    if spark is None:
+        from resources.session import build_spark_session
 
-    jars = kafka_jars(kafka_jars_dir)
-    spark = build_spark_session(master=spark_master, extra={"spark.jars": ",".join(jars)} if jars else None)
-    frames = {region: read_region(spark, request, region) for region in request.regions}
-    summary = land_snapshot(frames, landing, snapshot_id, overwrite=overwrite)
-    counts = spark.read.parquet(summary["snapshot_dir"]).groupBy("region").count().collect()
-    for row in counts:
-        summary["regions"][row["region"]]["records"] = row["count"]
-    return summary
+        jars = kafka_jars(kafka_jars_dir)
+        extra = {"spark.redaction.regex": REDACTION_REGEX, "spark.sql.redaction.options.regex": REDACTION_REGEX}
+        if jars:
+            extra["spark.jars"] = ",".join(jars)
+        spark = build_spark_session(master=spark_master, extra=extra)
+    if not _has_kafka_client(spark):
+        raise _missing_source(spark)
+    taken_at = dt.datetime.now(dt.timezone.utc)
+    cuts = {region: take_cut(spark, request, region, previous) for region in request.regions}
+    frames = {region: read_region(spark, request, region, cuts[region]) for region in request.regions}
+    summary: dict = {}
+
+    def record_cut(target: Location) -> None:
+        # What each partition delivered, counted from the landed files (what the audit will read).
+        files = _data_files(target)
+        stats = {
+            (r["region"], r["topic"], r["partition"]): r
+            for r in spark.read.parquet(*[f.uri for f in files])
+            .groupBy("region", "topic", "partition")
+            .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("lo"), F.max("offset").alias("hi"))
+            .collect()
+        } if files else {}
+        delivered = []
+        for region, cut in cuts.items():
+            for p in cut:
+                row = stats.pop((p.region, p.topic, p.partition), None)
+                n = int(row["n"]) if row else 0
+                if row and (row["lo"] < p.read_from() or row["hi"] >= p.end):
+                    raise RuntimeError(f"{p.region} {p.topic}[{p.partition}]: read offsets {row['lo']}..{row['hi']} "
+                                       f"outside the cut [{p.read_from()}, {p.end})")
+                delivered.append(PartitionCut(**{**p.__dict__, "delivered": n}))
+        if stats:
+            raise RuntimeError(f"records of partitions outside the cut: {sorted(stats)}")
+        document = cut_document(delivered, request, taken_at, snapshot_id, request.continue_from)
+        target.child(CUT_FILE).write_text(json.dumps(document, indent=1) + "\n")
+        summary["cut"] = document
+
+    landed = land_snapshot(frames, landing, snapshot_id, overwrite=overwrite, before_success=record_cut)
+    landed["cut"] = summary["cut"]
+    for region in landed["regions"]:
+        landed["regions"][region]["records"] = sum(
+            p["delivered"] for p in summary["cut"]["partitions"] if p["region"] == region
+        )
+    return landed
+
+
+def _data_files(folder: Location) -> list:
+    return [Location.of(e.uri) for e in folder.list() if e.is_file and e.name.endswith(".parquet")]
