@@ -265,7 +265,7 @@ def _upgraded_summary(spark, store: DeltaStore) -> None:
 
 def _refused(extra: str = ""):
     """pytest.raises for the refusal of snapshot s1 (``extra``: a regex of what follows the columns)."""
-    from resources.delta_store import OutdatedSnapshot
+    from resources.delta_log import OutdatedSnapshot
 
     return pytest.raises(
         OutdatedSnapshot,

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from resources.delta_store import DeltaStore, partitions_to_compact
+from resources.delta_store import DeltaStore
+from resources.delta_vacuum import partitions_to_compact
 from resources.errors import InvalidSetting
 from schemas.raw import RawTopicSnapshots
 from tests.rows import raw_frame
