@@ -14,7 +14,8 @@ reader sees either the old rows or the new ones, never a mix or two copies.
   with statistics from their footers, ``resources/delta_stats.py``; reads hand the live files to
   Spark) and ``native`` (``resources/delta_native.py``: delta-spark writes the staged rows again
   with ``replaceWhere`` on the snapshot). ``engine="auto"`` picks native when the session has
-  delta-spark loaded. Two writers of one snapshot at once end as if they had run one after the
+  delta-spark loaded; unset, the environment decides (``resources/settings.py``: embedded unless
+  ``REPLICA_LENS_DELTA_ENGINE`` or a named ``REPLICA_LENS_DELTA_JARS`` asks otherwise). Two writers of one snapshot at once end as if they had run one after the
   other: one copy, the later commit's;
 - the log's view of the live files, and the refusal of snapshots written before a required
   column existed (``resources/delta_log.py``), read with delta-rs; Spark-free reads of a few rows
@@ -45,6 +46,7 @@ from resources.delta_staging import StagedWrite, WriteResult
 from resources.delta_vacuum import COMPACT_TARGET_BYTES, VacuumResult, vacuum_table
 from resources.errors import InvalidSetting
 from resources.filesystem import Location, delta_storage_options
+from resources.settings import delta_settings_from_environment
 from resources.snapshots import UnsafeNameError, check_snapshot_id  # noqa: F401 (UnsafeNameError: re-exported)
 from resources.staged_files import ArrowStage
 from resources.tuning import DEFAULT_RETENTION_HOURS
@@ -56,9 +58,13 @@ class DeltaStore(dg.ConfigurableResource):
     """Delta Lake tables under one warehouse root, one table per asset, partitioned by snapshot."""
 
     warehouse_root: str = Field(description="Folder (or URI on a cluster) holding one Delta table per asset.")
-    engine: str = Field(
-        default="auto",
-        description="auto (delta-spark when its jars are loaded, else embedded delta-rs), native, or embedded.",
+    engine: Optional[str] = Field(
+        default=None,
+        description=(
+            "embedded (staged files committed by delta-rs), native (delta-spark), or auto (native when delta-spark is "
+            "loaded in the session); None: REPLICA_LENS_DELTA_ENGINE, else auto when REPLICA_LENS_DELTA_JARS names a "
+            "folder, else embedded (resources/settings.py)."
+        ),
     )
 
     # ----------------------------------------------------------------- paths
@@ -70,7 +76,8 @@ class DeltaStore(dg.ConfigurableResource):
         return warehouse_uri(self.warehouse_root)
 
     def _engine(self, spark: SparkSession) -> str:
-        return delta_native.choose_engine(self.engine, spark)
+        requested = self.engine if self.engine else delta_settings_from_environment().engine
+        return delta_native.choose_engine(requested, spark)
 
     def exists(self, table: str) -> bool:
         from deltalake import DeltaTable

@@ -285,8 +285,12 @@ def has_native_delta(session: SparkSession) -> bool:
     """Whether delta-spark's classes are loaded in this session's JVM."""
     if DELTA_EXTENSION not in (session.conf.get("spark.sql.extensions", "") or ""):
         return False
+    jvm = session._jvm  # noqa: SLF001
     try:
-        session._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")  # noqa: SLF001
+        # Through Spark's class loader: the jars of ``spark.jars`` are on it, not on the JVM's application class
+        # path that the one-argument ``Class.forName`` called over Py4J searches (it never finds them).
+        loader = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+        jvm.java.lang.Class.forName("io.delta.tables.DeltaTable", False, loader)
     except Exception:  # noqa: BLE001 - any JVM error means the jars are not there
         return False
     return True

@@ -13,6 +13,8 @@ from schemas.raw import RawTopicSnapshots
 from tests.rows import raw_frame
 
 STRUCT = RawTopicSnapshots.to_structtype()
+# The Delta jars the suite's JVM loads (tests/conftest.py), if any.
+SUITE_JARS = __import__("os").environ.get("REPLICA_LENS_TEST_DELTA_JARS")
 
 
 def _columns(struct) -> list[tuple[str, str]]:
@@ -84,9 +86,13 @@ def test_unsafe_snapshot_ids_are_refused_before_any_path_is_built(spark, store, 
         store.write_snapshot(spark, raw_frame(spark, _rows(1)), "raw_topic_snapshots", bad, STRUCT)
 
 
-def test_auto_engine_is_embedded_without_the_delta_jars(spark, tmp_path):
-    if has_native_delta(spark):
-        pytest.skip("delta-spark is loaded in this session")
+def test_auto_engine_is_embedded_without_the_delta_jars(spark, tmp_path, monkeypatch):
+    """Catches: ``auto`` taking delta-spark for loaded where it is not (every write would fail), and ``native``
+    silently writing with delta-rs instead of refusing, naming the setting. (The suite's JVM may have the jars:
+    the session is made to say it has not.)"""
+    from resources import delta_native
+
+    monkeypatch.setattr(delta_native, "has_native_delta", lambda session: False)
     store = DeltaStore(warehouse_root=str(tmp_path), engine="auto")
     result = store.write_snapshot(spark, raw_frame(spark, _rows(1), "s1"), "raw_topic_snapshots", "s1", STRUCT)
     assert result.engine == "embedded"
@@ -96,35 +102,31 @@ def test_auto_engine_is_embedded_without_the_delta_jars(spark, tmp_path):
         )
 
 
-JARS = __import__("os").environ.get("REPLICA_LENS_DELTA_JARS")
+def test_a_store_of_unset_engine_writes_embedded_in_a_session_with_delta_spark(spark, tmp_path, monkeypatch):
+    """Catches: the suite (and an audit of no engine setting) switched to delta-spark because the jars are loaded:
+    the embedded engine is the default wherever no setting asks for another (resources/settings.py)."""
+    from resources import delta_native
+
+    monkeypatch.setattr(delta_native, "has_native_delta", lambda session: True)
+    result = DeltaStore(warehouse_root=str(tmp_path)).write_snapshot(
+        spark, raw_frame(spark, _rows(1), "s1"), "raw_topic_snapshots", "s1", STRUCT)
+    assert result.engine == "embedded"
 
 
 @pytest.mark.native_delta
-@pytest.mark.skipif(not delta_jars(JARS), reason="no Delta Lake jars (set REPLICA_LENS_DELTA_JARS to a folder with them)")
-def test_native_engine_writes_tables_the_embedded_reader_reads(tmp_path):
-    """Runs where the Delta jars exist: a separate JVM with delta-spark, then delta-rs reads the result."""
-    import subprocess
-    import sys
-    import textwrap
-
-    script = textwrap.dedent(
-        f"""
-        from resources.session import build_spark_session
-        from resources.delta_store import DeltaStore
-        from schemas.raw import RawTopicSnapshots
-        from tests.rows import raw_frame
-        spark = build_spark_session(master="local[1]", delta_jars_dir={JARS!r})
-        store = DeltaStore(warehouse_root={str(tmp_path)!r}, engine="native")
-        rows = [dict(replica="dc-a", topic="t", partition=0, offset=i, kind="START_OF_PUSH") for i in range(3)]
-        s = RawTopicSnapshots.to_structtype()
-        store.write_snapshot(spark, raw_frame(spark, rows, "s1"), "raw_topic_snapshots", "s1", s)
-        r = store.write_snapshot(spark, raw_frame(spark, rows[:2], "s1"), "raw_topic_snapshots", "s1", s)
-        assert r.engine == "native" and r.row_count == 2, r
-        """
-    )
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+@pytest.mark.skipif(not delta_jars(SUITE_JARS), reason="no Delta Lake jars (./scripts/setup-jvm.sh puts them in jvm/lib/delta)")
+def test_native_engine_writes_tables_the_embedded_reader_reads(spark, tmp_path):
+    """Catches: the native engine refused although the jars are loaded (delta-spark's classes looked up outside
+    Spark's class loader), a re-write of a snapshot leaving two copies, and a table delta-rs cannot read."""
+    assert has_native_delta(spark), "the suite's JVM was started with the Delta jars but delta-spark is not usable"
+    store = DeltaStore(warehouse_root=str(tmp_path), engine="native")
+    rows = [dict(replica="dc-a", topic="t", partition=0, offset=i, kind="START_OF_PUSH") for i in range(3)]
+    store.write_snapshot(spark, raw_frame(spark, rows, "s1"), "raw_topic_snapshots", "s1", STRUCT)
+    result = store.write_snapshot(spark, raw_frame(spark, rows[:2], "s1"), "raw_topic_snapshots", "s1", STRUCT)
+    assert result.engine == "native" and result.row_count == 2, result
     table = pa.table(DeltaTable(str(tmp_path / "raw_topic_snapshots")).to_pyarrow_table())
     assert table.num_rows == 2
+    assert store.read_snapshot(spark, "raw_topic_snapshots", "s1", STRUCT).count() == 2
 
 
 def _write_in_files_of(spark, store, df, snapshot_id: str, rows_per_file: int):
