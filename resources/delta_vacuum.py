@@ -40,6 +40,7 @@ class VacuumResult:
     files_compacted: int = 0  # small files rewritten (on a dry run: that would be)
     files_written: int = 0  # files the compaction wrote
     note: str = ""  # e.g. a compaction that lost a race to a concurrent write
+    paths: tuple[str, ...] = ()  # the files removed (on a dry run: that would be), relative to the table
 
     def as_row(self) -> dict:
         return {
@@ -179,4 +180,5 @@ def vacuum_table(
         files_compacted=files_compacted,
         files_written=files_written,
         note="; ".join(notes),
+        paths=tuple(sorted(removed)),
     )
