@@ -40,11 +40,19 @@ def arrow_schema(struct: T.StructType):
     return to_arrow_schema(struct)
 
 
+# delta-rs must not rebase a commit that lost a race by itself: its conflict check lets an overwrite built on a stale
+# version through an OPTIMIZE committed meanwhile (delta-rs 1.6: the overwrite removes the files it saw, the
+# compacted file stays live beside the new ones, and the snapshot holds two copies). Every commit here is retried
+# by ``commit_with_retries`` instead, rebuilt on the fresh table.
+NO_REBASE = 0
+
+
 def commit_with_retries(uri: str, commit) -> int:
     """Run ``commit(DeltaTable)`` with delta-rs; one that lost a race is retried on the fresh table. The new version.
 
     A concurrent commit (another partition's write, a retention delete, another tool's OPTIMIZE)
-    makes delta-rs raise ``CommitFailedError``; the retry re-reads the table first, with a growing jitter.
+    makes delta-rs raise ``CommitFailedError`` (each commit passes ``max_commit_retries=NO_REBASE``);
+    the retry re-reads the table first, with a growing jitter, so its removes are the fresh version's files.
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import CommitFailedError
@@ -128,7 +136,7 @@ def commit_files(uri: str, actions: list, schema, snapshot_id: Optional[str]) ->
             partition_by=[PARTITION_COLUMN],
             partition_filters=None if snapshot_id is None else [(PARTITION_COLUMN, "=", snapshot_id)],
             commit_properties=CommitProperties(
-                app_transactions=[Transaction(app_id=claim, version=dt.version() + 1)]
+                max_commit_retries=NO_REBASE, app_transactions=[Transaction(app_id=claim, version=dt.version() + 1)]
             ),
         ),
     )
@@ -136,8 +144,12 @@ def commit_files(uri: str, actions: list, schema, snapshot_id: Optional[str]) ->
 
 def delete_snapshots(uri: str, ids: Sequence[str]) -> int:
     """Remove every row of ``ids`` (safe snapshot ids) in one delta-rs commit; its version."""
+    from deltalake import CommitProperties
+
     predicate = f"{PARTITION_COLUMN} IN ({', '.join(repr(i) for i in ids)})"  # safe ids: no quote inside
-    return commit_with_retries(uri, lambda dt: dt.delete(predicate))
+    return commit_with_retries(
+        uri, lambda dt: dt.delete(predicate, commit_properties=CommitProperties(max_commit_retries=NO_REBASE))
+    )
 
 
 def read_files(

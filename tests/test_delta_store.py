@@ -379,3 +379,57 @@ def test_reading_a_snapshot_of_large_values_in_batches_gives_what_one_read_gives
     monkeypatch.setattr(delta_reader, "parquet_batch_rows", lambda largest: 3)
     assert read(sized_by="value_bytes") == whole
     assert read(sized_by="value_bytes", computed=cut) == read(computed=cut) == [(*r[:3], r[3][:5]) for r in whole]
+
+
+def test_a_compaction_committed_between_a_commit_s_read_and_its_write_leaves_one_copy(spark, store, monkeypatch):
+    """Catches: the embedded commit letting delta-rs rebase an overwrite built on a stale version over a concurrent
+    OPTIMIZE (delta-rs 1.6 sees no conflict: the compacted file stays live beside the new files, two copies of the
+    snapshot), and a commit that gives up instead of being rebuilt on the fresh table. The other writer here is
+    delta-rs' own compaction; tests/test_native_delta.py races delta-spark's OPTIMIZE the same way."""
+    from resources import delta_embedded
+
+    _write_in_files_of(spark, store, raw_frame(spark, _rows(6), "s1").coalesce(1), "s1", 2)
+    uri = store.table_uri("raw_topic_snapshots")
+    staged = store.stage(spark, raw_frame(spark, _rows(4), "s1"), "raw_topic_snapshots", "s1", STRUCT)
+    attempts = []
+    real = delta_embedded.commit_with_retries
+
+    def racing(table_uri, commit):
+        def after_a_compaction(dt_):
+            attempts.append(dt_.version())
+            if len(attempts) == 1:  # another writer commits once this attempt has read the table
+                assert DeltaTable(uri).optimize.compact()["numFilesRemoved"] == 3
+            return commit(dt_)
+        return real(table_uri, after_a_compaction)
+
+    monkeypatch.setattr(delta_embedded, "commit_with_retries", racing)
+    result = store.commit(spark, staged)
+    assert attempts == [attempts[0], attempts[0] + 1] and result.version == attempts[0] + 2
+    assert sorted(r["offset"] for r in store.read_snapshot(spark, "raw_topic_snapshots", "s1", STRUCT).collect()) == [0, 1, 2, 3]
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 4
+
+
+def test_a_retention_delete_racing_a_compaction_leaves_no_row_of_the_deleted_snapshot(spark, store, monkeypatch):
+    """Catches: a delete of whole snapshots committed over a concurrent compaction of them without being rebuilt on
+    the fresh table (the compacted file, named by no remove of the delete, would bring the deleted rows back).
+    delta-rs' delete detects this conflict itself today; the commit goes through ``commit_with_retries`` all the same."""
+    from resources import delta_embedded
+
+    _write_in_files_of(spark, store, raw_frame(spark, _rows(6), "s1").coalesce(1), "s1", 2)
+    store.write_snapshot(spark, raw_frame(spark, _rows(2), "s2"), "raw_topic_snapshots", "s2", STRUCT)
+    uri = store.table_uri("raw_topic_snapshots")
+    real, attempts = delta_embedded.commit_with_retries, []
+
+    def racing(table_uri, commit):
+        def after_a_compaction(dt_):
+            attempts.append(dt_.version())
+            if len(attempts) == 1:
+                DeltaTable(uri).optimize.compact(partition_filters=[("snapshot_id", "=", "s1")])
+            return commit(dt_)
+        return real(table_uri, after_a_compaction)
+
+    monkeypatch.setattr(delta_embedded, "commit_with_retries", racing)
+    store.delete_snapshots(spark, "raw_topic_snapshots", ["s1"])
+    assert len(attempts) == 2
+    assert store.snapshot_ids("raw_topic_snapshots") == ["s2"]
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 2
