@@ -154,19 +154,22 @@ def vacuum_table(
     # The vacuum must see the latest version (the compaction's, a concurrent write's): with a
     # short retention a stale view would take their files for files no version names.
     dt.update_incremental()
-    # The files to remove, measured before they go (delta-rs reports paths only).
+    # The files to remove, measured before they go (delta-rs reports paths only). delta-rs also names the files of
+    # expired removes that are no longer there (another tool's VACUUM, e.g. delta-spark's, deleted them): only the
+    # files present are counted, as Delta's own VACUUM lists them.
     candidates = dt.vacuum(retention_hours=retention_hours, dry_run=True, enforce_retention_duration=False, full=True)
     location = Location.of(uri)
     sizes = {location.relative(info.path): info.size for info in location.walk_files()} if candidates else {}
+    candidates = [path for path in candidates if path in sizes]
     folders = 0
     if dry_run:
         removed = candidates
     else:
         cutoff = time.time() - retention_hours * 3600
         # (Nothing to remove: no VACUUM commits, which would only lengthen the log.)
-        removed = candidates and dt.vacuum(
+        removed = candidates and [path for path in dt.vacuum(
             retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
-        )
+        ) if path in sizes]
         # Object stores have no folders; a local warehouse keeps the empty ones a vacuum leaves.
         if isinstance(location.fs, pafs.LocalFileSystem):
             folders = remove_empty_folders(location.path, removed, cutoff)
