@@ -21,6 +21,7 @@ LONGEST_FIRST = (
     "test_benchmark.py",
     "test_ui_browser.py",
     "test_cluster.py",
+    "test_native_delta.py",
     "test_venice_ingest.py",
     "test_audit_e2e.py",
     "test_leapfrog_properties.py",
