@@ -36,7 +36,9 @@ import dagster as dg
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from resources.delta_store import PARTITION_COLUMN, DeltaStore, StagedWrite, WriteResult, holds_values
+from resources.delta_reader import PARTITION_COLUMN
+from resources.delta_staging import StagedWrite, WriteResult, holds_values
+from resources.delta_store import DeltaStore
 from resources.staged_files import ArrowStage
 from resources.tuning import on_driver
 from schemas.conform import conform

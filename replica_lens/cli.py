@@ -68,7 +68,10 @@ def _audit(args: argparse.Namespace) -> int:
         from resources.redaction import REDACT_ENV
 
         os.environ[REDACT_ENV] = "1" if args.redact_values else "0"
-    start_in_background(master=args.spark_master, shuffle_partitions=args.shuffle_partitions, delta_jars_dir=args.delta_jars)
+    from resources.settings import delta_settings
+
+    delta = delta_settings(args.delta_jars, args.delta_engine)
+    start_in_background(master=args.spark_master, shuffle_partitions=args.shuffle_partitions, delta_jars_dir=delta.jars_dir)
     from replica_lens.audit import audit_snapshots
 
     return audit_snapshots(
@@ -76,7 +79,8 @@ def _audit(args: argparse.Namespace) -> int:
         warehouse=args.warehouse,
         snapshot_id=args.snapshot_id,
         spark_master=args.spark_master,
-        delta_jars_dir=args.delta_jars,
+        delta_jars_dir=delta.jars_dir,
+        delta_engine=delta.engine,
         shuffle_partitions=args.shuffle_partitions,
         fail_on_divergence=args.fail_on_divergence,
         verbosity="verbose" if args.verbose else "quiet" if args.quiet else "normal",
@@ -284,8 +288,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument(
         "--delta-jars",
-        default=os.environ.get("REPLICA_LENS_DELTA_JARS") or None,
-        help="folder with the Delta Lake jars: write Delta natively with delta-spark (default: embedded delta-rs)",
+        default=os.environ.get("REPLICA_LENS_DELTA_JARS"),
+        metavar="DIR",
+        help="folder with the Delta Lake jars, loaded for the native engine; naming one makes the engine auto "
+        "(default: $REPLICA_LENS_DELTA_JARS, else jvm/lib/delta when it holds them; empty: none)",
+    )
+    audit.add_argument(
+        "--delta-engine",
+        default=os.environ.get("REPLICA_LENS_DELTA_ENGINE"),
+        choices=("embedded", "native", "auto"),
+        help="who writes the Delta tables: embedded (staged files committed by delta-rs), native (delta-spark), auto "
+        "(native where the jars are loaded) (default: $REPLICA_LENS_DELTA_ENGINE, else auto when --delta-jars names "
+        "a folder, else embedded)",
     )
     audit.add_argument("--shuffle-partitions", type=int, default=DEFAULT_SHUFFLE_PARTITIONS, help="spark.sql.shuffle.partitions (upper bound; adaptive execution merges small partitions)")
     audit.add_argument(

@@ -47,7 +47,7 @@ def build_definitions(
     venice_clock_uncertainty_ms: Optional[int] = None,
     venice_push_settings: Optional[str] = None,
     shuffle_partitions: int = DEFAULT_SHUFFLE_PARTITIONS,
-    delta_engine: str = "auto",
+    delta_engine: Optional[str] = None,
     spark_log_level: str = "ERROR",
     interpreted_max_rows: int = INTERPRETED_MAX_ROWS,
     landing_sensor_interval_s: Optional[int] = None,

@@ -117,10 +117,13 @@ def spark_config(
         conf[option] = java_options((extra or {}).get(option, ""), driver=option == JAVA_OPTION_KEYS[0])
     jars = delta_jars(delta_jars_dir)
     if jars:
-        conf["spark.jars"] = ",".join(jars)
         conf["spark.sql.extensions"] = DELTA_EXTENSION
         conf["spark.sql.catalog.spark_catalog"] = DELTA_CATALOG
-    conf.update({k: v for k, v in (extra or {}).items() if k not in JAVA_OPTION_KEYS})
+    # Jars given in ``extra`` (Spark's Kafka source, say) join the Delta jars instead of replacing them.
+    extra_jars = [jar for jar in (extra or {}).get("spark.jars", "").split(",") if jar and jar not in jars]
+    if jars or extra_jars:
+        conf["spark.jars"] = ",".join([*jars, *extra_jars])
+    conf.update({k: v for k, v in (extra or {}).items() if k not in (*JAVA_OPTION_KEYS, "spark.jars")})
     return conf
 
 
@@ -285,8 +288,12 @@ def has_native_delta(session: SparkSession) -> bool:
     """Whether delta-spark's classes are loaded in this session's JVM."""
     if DELTA_EXTENSION not in (session.conf.get("spark.sql.extensions", "") or ""):
         return False
+    jvm = session._jvm  # noqa: SLF001
     try:
-        session._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")  # noqa: SLF001
+        # Through Spark's class loader: the jars of ``spark.jars`` are on it, not on the JVM's application class
+        # path that the one-argument ``Class.forName`` called over Py4J searches (it never finds them).
+        loader = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
+        jvm.java.lang.Class.forName("io.delta.tables.DeltaTable", False, loader)
     except Exception:  # noqa: BLE001 - any JVM error means the jars are not there
         return False
     return True

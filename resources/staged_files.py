@@ -1,6 +1,6 @@
 """Staged Parquet files written from Arrow record batches, in any process: the driver or Spark's Python workers.
 
-A staged write (``resources/delta_store.py``) is a folder of Parquet files that no reader sees
+A staged write (``resources/delta_staging.py``) is a folder of Parquet files that no reader sees
 until its commit names them. Spark's writer fills it for most tables. A pass that already holds
 its rows as Arrow batches in a Python task (the stream pass, ``pipelines/stream_pass.py``) fills
 it itself through an ``ArrowStage``: pyarrow writes the batches as Parquet where they are made,

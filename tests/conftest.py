@@ -21,6 +21,7 @@ LONGEST_FIRST = (
     "test_benchmark.py",
     "test_ui_browser.py",
     "test_cluster.py",
+    "test_native_delta.py",
     "test_venice_ingest.py",
     "test_kafka_brokers.py",
     "test_audit_e2e.py",
@@ -59,10 +60,37 @@ def _without_child_options(options: str) -> str:
 REPORT_PICTURES = {"REPLICA_LENS_REPORT_PICTURES": "0", "REPLICA_LENS_REPORT_UI_PICTURES": "0"}
 
 
+# Delta Lake's own Spark writer (jvm/lib/delta, ./scripts/setup-jvm.sh; or the folder REPLICA_LENS_DELTA_JARS names):
+# the suite's one JVM per worker loads it, so the native tests (tests/test_native_delta.py) need no JVM of their own.
+# Loaded is not used: every store and audit of the suite writes with the embedded engine unless a test pins
+# ``engine="native"``. So the suite ignores the engine settings of the shell it runs in (a developer's
+# REPLICA_LENS_DELTA_ENGINE or REPLICA_LENS_DELTA_JARS would switch every test to delta-spark, and the embedded
+# engine's fast paths would go untested); the processes the tests start get neither either.
+SUITE_DELTA_JARS_ENV = "REPLICA_LENS_TEST_DELTA_JARS"  # the folder found, for xdist's workers
+
+
+def _suite_delta_jars() -> "str | None":
+    from resources.settings import DELTA_JARS_ENV, PROJECT_DELTA_JARS, has_delta_spark
+
+    for folder in (os.environ.get(SUITE_DELTA_JARS_ENV), os.environ.get(DELTA_JARS_ENV), PROJECT_DELTA_JARS):
+        if has_delta_spark(folder):
+            return folder
+    return None
+
+
+SUITE_DELTA_JARS = _suite_delta_jars()
+
+
 def pytest_configure(config):
+    from resources.settings import DELTA_ENGINE_ENV, DELTA_JARS_ENV
+
     # xdist's workers inherit the controller's environment, where this already ran.
     os.environ[SUBMIT_OPTS] = f"{_without_child_options(os.environ.get(SUBMIT_OPTS, ''))} {CHILD_JVM_OPTIONS}".strip()
     os.environ.update(REPORT_PICTURES)
+    for name in (DELTA_ENGINE_ENV, DELTA_JARS_ENV):
+        os.environ.pop(name, None)
+    if SUITE_DELTA_JARS:
+        os.environ[SUITE_DELTA_JARS_ENV] = SUITE_DELTA_JARS
 
 
 def pytest_collection_modifyitems(items):
@@ -85,6 +113,7 @@ def spark():
         session = build_spark_session(
             master="local[2]", shuffle_partitions=4, app_name="replica-lens-tests",
             extra={**STATUS_RETENTION, **_kafka_source_jars()}, driver_memory=memory,
+            delta_jars_dir=SUITE_DELTA_JARS,
         )
     finally:
         os.environ[SUBMIT_OPTS] = children

@@ -13,6 +13,8 @@ from schemas.raw import RawTopicSnapshots
 from tests.rows import raw_frame
 
 STRUCT = RawTopicSnapshots.to_structtype()
+# The Delta jars the suite's JVM loads (tests/conftest.py), if any.
+SUITE_JARS = __import__("os").environ.get("REPLICA_LENS_TEST_DELTA_JARS")
 
 
 def _columns(struct) -> list[tuple[str, str]]:
@@ -84,9 +86,13 @@ def test_unsafe_snapshot_ids_are_refused_before_any_path_is_built(spark, store, 
         store.write_snapshot(spark, raw_frame(spark, _rows(1)), "raw_topic_snapshots", bad, STRUCT)
 
 
-def test_auto_engine_is_embedded_without_the_delta_jars(spark, tmp_path):
-    if has_native_delta(spark):
-        pytest.skip("delta-spark is loaded in this session")
+def test_auto_engine_is_embedded_without_the_delta_jars(spark, tmp_path, monkeypatch):
+    """Catches: ``auto`` taking delta-spark for loaded where it is not (every write would fail), and ``native``
+    silently writing with delta-rs instead of refusing, naming the setting. (The suite's JVM may have the jars:
+    the session is made to say it has not.)"""
+    from resources import delta_native
+
+    monkeypatch.setattr(delta_native, "has_native_delta", lambda session: False)
     store = DeltaStore(warehouse_root=str(tmp_path), engine="auto")
     result = store.write_snapshot(spark, raw_frame(spark, _rows(1), "s1"), "raw_topic_snapshots", "s1", STRUCT)
     assert result.engine == "embedded"
@@ -96,35 +102,31 @@ def test_auto_engine_is_embedded_without_the_delta_jars(spark, tmp_path):
         )
 
 
-JARS = __import__("os").environ.get("REPLICA_LENS_DELTA_JARS")
+def test_a_store_of_unset_engine_writes_embedded_in_a_session_with_delta_spark(spark, tmp_path, monkeypatch):
+    """Catches: the suite (and an audit of no engine setting) switched to delta-spark because the jars are loaded:
+    the embedded engine is the default wherever no setting asks for another (resources/settings.py)."""
+    from resources import delta_native
+
+    monkeypatch.setattr(delta_native, "has_native_delta", lambda session: True)
+    result = DeltaStore(warehouse_root=str(tmp_path)).write_snapshot(
+        spark, raw_frame(spark, _rows(1), "s1"), "raw_topic_snapshots", "s1", STRUCT)
+    assert result.engine == "embedded"
 
 
 @pytest.mark.native_delta
-@pytest.mark.skipif(not delta_jars(JARS), reason="no Delta Lake jars (set REPLICA_LENS_DELTA_JARS to a folder with them)")
-def test_native_engine_writes_tables_the_embedded_reader_reads(tmp_path):
-    """Runs where the Delta jars exist: a separate JVM with delta-spark, then delta-rs reads the result."""
-    import subprocess
-    import sys
-    import textwrap
-
-    script = textwrap.dedent(
-        f"""
-        from resources.session import build_spark_session
-        from resources.delta_store import DeltaStore
-        from schemas.raw import RawTopicSnapshots
-        from tests.rows import raw_frame
-        spark = build_spark_session(master="local[1]", delta_jars_dir={JARS!r})
-        store = DeltaStore(warehouse_root={str(tmp_path)!r}, engine="native")
-        rows = [dict(replica="dc-a", topic="t", partition=0, offset=i, kind="START_OF_PUSH") for i in range(3)]
-        s = RawTopicSnapshots.to_structtype()
-        store.write_snapshot(spark, raw_frame(spark, rows, "s1"), "raw_topic_snapshots", "s1", s)
-        r = store.write_snapshot(spark, raw_frame(spark, rows[:2], "s1"), "raw_topic_snapshots", "s1", s)
-        assert r.engine == "native" and r.row_count == 2, r
-        """
-    )
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+@pytest.mark.skipif(not delta_jars(SUITE_JARS), reason="no Delta Lake jars (./scripts/setup-jvm.sh puts them in jvm/lib/delta)")
+def test_native_engine_writes_tables_the_embedded_reader_reads(spark, tmp_path):
+    """Catches: the native engine refused although the jars are loaded (delta-spark's classes looked up outside
+    Spark's class loader), a re-write of a snapshot leaving two copies, and a table delta-rs cannot read."""
+    assert has_native_delta(spark), "the suite's JVM was started with the Delta jars but delta-spark is not usable"
+    store = DeltaStore(warehouse_root=str(tmp_path), engine="native")
+    rows = [dict(replica="dc-a", topic="t", partition=0, offset=i, kind="START_OF_PUSH") for i in range(3)]
+    store.write_snapshot(spark, raw_frame(spark, rows, "s1"), "raw_topic_snapshots", "s1", STRUCT)
+    result = store.write_snapshot(spark, raw_frame(spark, rows[:2], "s1"), "raw_topic_snapshots", "s1", STRUCT)
+    assert result.engine == "native" and result.row_count == 2, result
     table = pa.table(DeltaTable(str(tmp_path / "raw_topic_snapshots")).to_pyarrow_table())
     assert table.num_rows == 2
+    assert store.read_snapshot(spark, "raw_topic_snapshots", "s1", STRUCT).count() == 2
 
 
 def _write_in_files_of(spark, store, df, snapshot_id: str, rows_per_file: int):
@@ -265,7 +267,7 @@ def _upgraded_summary(spark, store: DeltaStore) -> None:
 
 def _refused(extra: str = ""):
     """pytest.raises for the refusal of snapshot s1 (``extra``: a regex of what follows the columns)."""
-    from resources.delta_store import OutdatedSnapshot
+    from resources.delta_log import OutdatedSnapshot
 
     return pytest.raises(
         OutdatedSnapshot,
@@ -377,3 +379,57 @@ def test_reading_a_snapshot_of_large_values_in_batches_gives_what_one_read_gives
     monkeypatch.setattr(delta_reader, "parquet_batch_rows", lambda largest: 3)
     assert read(sized_by="value_bytes") == whole
     assert read(sized_by="value_bytes", computed=cut) == read(computed=cut) == [(*r[:3], r[3][:5]) for r in whole]
+
+
+def test_a_compaction_committed_between_a_commit_s_read_and_its_write_leaves_one_copy(spark, store, monkeypatch):
+    """Catches: the embedded commit letting delta-rs rebase an overwrite built on a stale version over a concurrent
+    OPTIMIZE (delta-rs 1.6 sees no conflict: the compacted file stays live beside the new files, two copies of the
+    snapshot), and a commit that gives up instead of being rebuilt on the fresh table. The other writer here is
+    delta-rs' own compaction; tests/test_native_delta.py races delta-spark's OPTIMIZE the same way."""
+    from resources import delta_embedded
+
+    _write_in_files_of(spark, store, raw_frame(spark, _rows(6), "s1").coalesce(1), "s1", 2)
+    uri = store.table_uri("raw_topic_snapshots")
+    staged = store.stage(spark, raw_frame(spark, _rows(4), "s1"), "raw_topic_snapshots", "s1", STRUCT)
+    attempts = []
+    real = delta_embedded.commit_with_retries
+
+    def racing(table_uri, commit):
+        def after_a_compaction(dt_):
+            attempts.append(dt_.version())
+            if len(attempts) == 1:  # another writer commits once this attempt has read the table
+                assert DeltaTable(uri).optimize.compact()["numFilesRemoved"] == 3
+            return commit(dt_)
+        return real(table_uri, after_a_compaction)
+
+    monkeypatch.setattr(delta_embedded, "commit_with_retries", racing)
+    result = store.commit(spark, staged)
+    assert attempts == [attempts[0], attempts[0] + 1] and result.version == attempts[0] + 2
+    assert sorted(r["offset"] for r in store.read_snapshot(spark, "raw_topic_snapshots", "s1", STRUCT).collect()) == [0, 1, 2, 3]
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 4
+
+
+def test_a_retention_delete_racing_a_compaction_leaves_no_row_of_the_deleted_snapshot(spark, store, monkeypatch):
+    """Catches: a delete of whole snapshots committed over a concurrent compaction of them without being rebuilt on
+    the fresh table (the compacted file, named by no remove of the delete, would bring the deleted rows back).
+    delta-rs' delete detects this conflict itself today; the commit goes through ``commit_with_retries`` all the same."""
+    from resources import delta_embedded
+
+    _write_in_files_of(spark, store, raw_frame(spark, _rows(6), "s1").coalesce(1), "s1", 2)
+    store.write_snapshot(spark, raw_frame(spark, _rows(2), "s2"), "raw_topic_snapshots", "s2", STRUCT)
+    uri = store.table_uri("raw_topic_snapshots")
+    real, attempts = delta_embedded.commit_with_retries, []
+
+    def racing(table_uri, commit):
+        def after_a_compaction(dt_):
+            attempts.append(dt_.version())
+            if len(attempts) == 1:
+                DeltaTable(uri).optimize.compact(partition_filters=[("snapshot_id", "=", "s1")])
+            return commit(dt_)
+        return real(table_uri, after_a_compaction)
+
+    monkeypatch.setattr(delta_embedded, "commit_with_retries", racing)
+    store.delete_snapshots(spark, "raw_topic_snapshots", ["s1"])
+    assert len(attempts) == 2
+    assert store.snapshot_ids("raw_topic_snapshots") == ["s2"]
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 2

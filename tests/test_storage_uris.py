@@ -194,7 +194,7 @@ def _staged_on_s3(fs: pafs.FileSystem, relative_dir: str, rows: list[dict], ware
     """Parquet files (and Spark's _SUCCESS) where Spark would have staged a snapshot of table ``t``."""
     from pyspark.sql import types as T
 
-    from resources.delta_store import StagedWrite
+    from resources.delta_staging import StagedWrite
 
     struct = T.StructType([
         T.StructField("snapshot_id", T.StringType(), False),

@@ -55,7 +55,9 @@ def output_floor(spark, warehouse: Path, snapshot_id: str, scratch: Path) -> dic
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    from resources.delta_store import PARTITION_COLUMN, DeltaStore, parquet_options
+    from resources.delta_reader import PARTITION_COLUMN
+    from resources.delta_staging import parquet_options
+    from resources.delta_store import DeltaStore
     from schemas.registry import struct_for
 
     store = DeltaStore(warehouse_root=str(warehouse))

@@ -106,10 +106,14 @@ def audit_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "replica_lens.cli"]
 
 
-def run_audit_process(landing: Path, warehouse: Path, snapshot_id: str, spark_master: str, shuffle_partitions: int) -> ProcessRun:
+def run_audit_process(
+    landing: Path, warehouse: Path, snapshot_id: str, spark_master: str, shuffle_partitions: int,
+    delta_engine: str = "embedded", delta_jars_dir: Optional[str] = None,
+) -> ProcessRun:
     command = audit_command() + [
         "audit", "--landing", str(landing), "--warehouse", str(warehouse), "--snapshot-id", snapshot_id,
         "--spark-master", spark_master, "--shuffle-partitions", str(shuffle_partitions),
+        "--delta-engine", delta_engine, "--delta-jars", delta_jars_dir or "",
     ]
     run, stdout, stderr = _time_process(command)
     if run.exit_code != 0:
@@ -159,7 +163,8 @@ def _measure_processes(figures: VariantFigures, workdir: Path, landing: Path, sn
         essential = run_essential_process(landing / snapshot_id, out, conf)
         figures.essential_pass_runs.append(asdict(essential))
         warehouse = workdir / f"process-warehouse-{figures.variant}-{i}"
-        audit = run_audit_process(landing, warehouse, snapshot_id, settings["spark_master"], settings["shuffle_partitions"])
+        audit = run_audit_process(landing, warehouse, snapshot_id, settings["spark_master"], settings["shuffle_partitions"],
+                                  settings.get("delta_engine", "embedded"), settings.get("delta_jars_dir"))
         figures.audit_process_runs.append(asdict(audit))
         if audit.exit_code == 0:  # the audited warehouse is there: explain one of its keys
             figures.explain_process_runs.append(asdict(run_explain_process(warehouse, snapshot_id)))

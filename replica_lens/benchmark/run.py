@@ -52,6 +52,7 @@ def benchmark(
     """
     from resources.errors import InvalidSetting
     from resources.session import STATUS_RETENTION, build_spark_session
+    from resources.settings import delta_settings_from_environment
 
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
@@ -62,10 +63,15 @@ def benchmark(
     # every job and stage in its status store (STATUS_RETENTION); nothing else differs from the
     # audit's session. A session started earlier (the tests' one) keeps its own limits; then
     # ``spark.complete`` says whether any were dropped.
-    spark = build_spark_session(master="local[*]", shuffle_partitions=shuffle_partitions, extra=STATUS_RETENTION)
+    # The Delta engine and its jars as an audit of this environment would choose them (resources/settings.py): the
+    # audit processes are given them explicitly, and this JVM loads the jars the in-process audits need.
+    delta = delta_settings_from_environment()
+    spark = build_spark_session(master="local[*]", shuffle_partitions=shuffle_partitions, extra=STATUS_RETENTION,
+                                delta_jars_dir=delta.jars_dir)
     base = Path(workdir or tempfile.mkdtemp(prefix="replica-lens-bench-"))
     base.mkdir(parents=True, exist_ok=True)
-    settings = {"spark_master": "local[*]", "delta_jars_dir": None, "shuffle_partitions": shuffle_partitions}
+    settings = {"spark_master": "local[*]", "delta_jars_dir": delta.jars_dir, "delta_engine": delta.engine,
+                "shuffle_partitions": shuffle_partitions}
     results = []
     with ProcessSampler() as sampler:
         for variant in variants:
@@ -82,6 +88,7 @@ def benchmark(
         "requested_rows": rows,
         "process_runs": process_runs,
         "in_process_audits": in_process_audits,
+        "delta": {"engine": delta.engine, "jars_dir": delta.jars_dir},
         "variants": [asdict(r) for r in results],
     }
     report.update(scaling_ratios({r.variant: r.audit_seconds for r in results}))
