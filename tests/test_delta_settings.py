@@ -46,3 +46,16 @@ def test_an_unknown_engine_is_refused_by_name():
     """Catches: a misspelt engine silently taken for the default."""
     with pytest.raises(InvalidSetting, match="REPLICA_LENS_DELTA_ENGINE must be one of embedded, native, auto"):
         delta_settings(None, "nativ")
+
+
+def test_jars_given_beside_the_delta_jars_join_them(jars, tmp_path):
+    """Catches the suite's (or a user's) ``spark.jars`` in ``extra`` replacing the Delta jars, or the Delta
+    jars replacing them: one session needs both, delta-spark and Spark's Kafka source."""
+    from resources.session import spark_config
+
+    kafka = str(tmp_path / "spark-sql-kafka.jar")
+    conf = spark_config(delta_jars_dir=str(jars), extra={"spark.jars": kafka})
+    loaded = conf["spark.jars"].split(",")
+    assert kafka in loaded and any("delta-spark" in jar for jar in loaded), loaded
+    assert conf["spark.sql.extensions"]
+    assert spark_config(extra={"spark.jars": kafka})["spark.jars"] == kafka
