@@ -250,6 +250,6 @@ def broker_cuts(context: dg.AssetExecutionContext, spark: SparkResource, store: 
         tables.stage_empty("broker_cuts")
     tables.add_metadata("broker_cuts", {
         "partitions": len(rows),
-        "offsets_not_delivered": sum(r["offsets_not_delivered"] for r in rows),
+        "positions_not_delivered": sum(r["offsets_not_delivered"] for r in rows),
     })
     yield from tables.publish()

@@ -48,13 +48,29 @@ TOOLED = ("raw_topic_snapshots", "raw_topic_skipped", "reconstructed_watermarks"
 def delta_spark(spark):
     """The suite's session, which must have delta-spark usable (not merely its jars on the class path)."""
     assert has_native_delta(spark), "the suite's JVM was started with the Delta jars, yet delta-spark is not usable"
+    from resources.session import INTERPRETED
+    from tests.conftest import interpret_by_default
+
     before = spark.conf.get(RETENTION_CHECK, None)
     spark.conf.set(RETENTION_CHECK, "false")  # VACUUM ... RETAIN 0 HOURS, for the tests only
-    yield spark
-    if before is None:
-        spark.conf.unset(RETENTION_CHECK)
-    else:
-        spark.conf.set(RETENTION_CHECK, before)
+    # Delta's OPTIMIZE and VACUUM run many queries of their own: compiled, as in an operator's session (the
+    # suite's interpreted default made this module several times slower).
+    for key in INTERPRETED:
+        spark.conf.unset(key)
+    # Delta's VACUUM lists a table's folders in a Spark job of this many tasks (Spark's default: 10,000, one task
+    # per folder at most, each a few milliseconds on two cores): one per core is plenty for a test table.
+    listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+    listing_before = spark.conf.get(listing)
+    spark.conf.set(listing, "2")
+    try:
+        yield spark
+    finally:
+        interpret_by_default(spark)
+        spark.conf.set(listing, listing_before)
+        if before is None:
+            spark.conf.unset(RETENTION_CHECK)
+        else:
+            spark.conf.set(RETENTION_CHECK, before)
 
 
 # ------------------------------------------------------------------------------------------------ helpers
