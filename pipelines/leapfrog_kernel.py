@@ -6,30 +6,20 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from functools import partial, reduce
 from typing import Iterator, Sequence
 
 from pyspark import cloudpickle
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.frames import computed_once
 from pipelines.state.arrow_checksum import row_hashes
-from pipelines.state.carry import carried_versions, kept_where_gapped
 from pipelines.state.rows import LAST_VERSION_COLUMNS, VERSION, VERSION_COLUMNS
 from pipelines.arrow_vectors import map_vectors
 from pipelines.stream_pass import task_number
-from pipelines.watermarks import bottom_reach
-from pipelines.vectors import MISSING, dense, sparse
+from pipelines.vectors import MISSING
 from resources.staged_files import ArrowStage
-from resources.tuning import on_driver
-from schemas.conform import conform, local_batches, local_frame
-from schemas.raw import VECTOR
-from schemas.divergence import DivergenceReports, DivergenceSummary
 from schemas.state import ReplicaState
 
 ABSENT = "ABSENT"
