@@ -1,6 +1,7 @@
 """Stage 1: raw topic snapshots from the landing zone into Delta, with a quarantine for bad rows and the positions
 of the raw Venice records skipped by rule."""
 
+import json
 from typing import Sequence
 
 import dagster as dg
@@ -227,29 +228,76 @@ def raw_topic_snapshots(
         )
 
 
+REGIONS_ANSWERING = "regions_answering"
+CUT_COLUMNS = dg.TableSchema(columns=[
+    dg.TableColumn("region", "string"), dg.TableColumn("topic", "string"), dg.TableColumn("partition", "int"),
+    dg.TableColumn("start", "int", description="s: where the cut starts (the previous cut's e)"),
+    dg.TableColumn("end", "int", description="e: the end offset asked before reading"),
+    dg.TableColumn("records", "int", description="records the broker delivered in [s, e)"),
+    dg.TableColumn("backlog", "int", description="offsets past e left for the next cut (a bounded cut)"),
+    dg.TableColumn("skipped", "string", description="why the region was not read (then s = e)"),
+])
+
+
+def regions_answering(document: dict) -> dg.AssetCheckResult:
+    """WARN once a region has been skipped by ``warn_after_skipped_cuts`` cuts in a row (``replica-lens watch``)."""
+    skipped = document.get("skipped_regions") or {}
+    limit = int((document.get("watch") or {}).get("warn_after_skipped_cuts", 1))
+    long_silent = {region: entry for region, entry in skipped.items() if int(entry["skipped_cuts"]) >= limit}
+    return dg.AssetCheckResult(
+        asset_key="broker_cuts",
+        check_name=REGIONS_ANSWERING,
+        passed=not long_silent,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"regions_skipped": len(skipped), "warn_after_skipped_cuts": limit,
+                  "skipped_regions": dg.MetadataValue.json(skipped)},
+        description=None if not long_silent else "; ".join(
+            f"region {region} not read for {entry['skipped_cuts']} cut(s) in a row: {entry['reason']}"
+            for region, entry in sorted(long_silent.items())),
+    )
+
+
 @dg.asset(
     name="broker_cuts",
     group_name=GROUP,
     kinds=KINDS,
     description="The cut of a snapshot read from Kafka brokers (SPEC 11), per region, topic and partition: the offsets "
-    "read [start, end), the log start offset, records delivered, offsets that delivered none (gaps), the topic's "
-    "cleanup.policy, the isolation level and the time of the cut, from the snapshot's _cut.json; empty for files.",
-    check_specs=[schema_check_spec("broker_cuts")],
+    "read [start, end), the log start offset, records delivered, offsets that delivered none (gaps), the offsets left "
+    "for the next cut, the topic's cleanup.policy, the isolation level and the time of the cut, and why a region was "
+    "not read, from the snapshot's _cut.json; empty for files.",
+    check_specs=[schema_check_spec("broker_cuts"),
+                 dg.AssetCheckSpec(REGIONS_ANSWERING, asset="broker_cuts",
+                                   description="Every region of a watched store answered its recent cuts: WARN after "
+                                   "warn_after_skipped_cuts cuts in a row skipped one (its brokers did not answer).")],
     partitions_def=snapshot_partitions,
     tags={"stage": "raw"},
 )
 def broker_cuts(context: dg.AssetExecutionContext, spark: SparkResource, store: DeltaStore, landing: LandingZone):
     snapshot_id = context.partition_key
     cut_file = Location.of(landing.require_complete(snapshot_id)).child(CUT_FILE)
-    rows = cut_rows(cut_file.read_text(), snapshot_id) if cut_file.is_file() else []
+    text = cut_file.read_text() if cut_file.is_file() else None
+    rows = cut_rows(text, snapshot_id) if text else []
+    document = json.loads(text) if text else {}
     session = spark.spark_session
     tables = StepTables(session, store, snapshot_id, rows=len(rows))
     if rows:
         tables.stage(session.createDataFrame(rows, struct_for("broker_cuts")), "broker_cuts")
     else:
         tables.stage_empty("broker_cuts")
+    records = [dg.TableRecord({"region": r["region"], "topic": r["topic"], "partition": r["partition"],
+                               "start": r["start_offset"], "end": r["end_offset"], "records": r["records_delivered"],
+                               "backlog": r["backlog_offsets"], "skipped": r["skipped_reason"] or ""})
+               for r in rows[:500]]
     tables.add_metadata("broker_cuts", {
         "partitions": len(rows),
         "positions_not_delivered": sum(r["offsets_not_delivered"] for r in rows),
+        "records_delivered": sum(r["records_delivered"] for r in rows),
+        "backlog_offsets": sum(r["backlog_offsets"] for r in rows),
+        "regions_skipped": len(document.get("skipped_regions") or {}),
+        "skipped_regions": dg.MetadataValue.json(document.get("skipped_regions") or {}),
+        "store": (document.get("watch") or {}).get("store") or "",
+        "continues": document.get("continues") or "",
+        "cut": dg.MetadataValue.table(records=records, schema=CUT_COLUMNS),
     })
     yield from tables.publish()
+    yield regions_answering(document)

@@ -174,6 +174,47 @@ def _dump_kafka(args: argparse.Namespace) -> int:
     return 0
 
 
+def _watch(args: argparse.Namespace) -> int:
+    from pipelines.venice.kafka_dump import default_kafka_jars, kafka_session
+    from replica_lens.audit import audit_instance, run_audit
+    from replica_lens.watch import load_stores, tick_lines, watch_forever
+    from resources.settings import delta_settings
+
+    config = load_stores(args.stores)
+    delta = delta_settings(args.delta_jars, args.delta_engine)
+    spark = kafka_session(args.spark_master, args.kafka_jars or default_kafka_jars(),
+                          shuffle_partitions=args.shuffle_partitions, delta_jars_dir=delta.jars_dir)
+    failed = []
+
+    def report(result) -> None:
+        print("\n".join(tick_lines(result)), flush=True)
+        if result.failed:
+            failed.append(result.store)
+
+    with audit_instance(from_dagster_home=True) as instance:
+        def audit(snapshot_id: str):
+            return run_audit(
+                snapshot_id, args.landing, args.warehouse, instance=instance, log_level="ERROR",
+                spark_master=args.spark_master, delta_jars_dir=delta.jars_dir, delta_engine=delta.engine,
+                shuffle_partitions=args.shuffle_partitions, cluster_regions=args.cluster_regions,
+                venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
+                venice_push_settings=args.venice_push_settings,
+            )
+
+        def register(snapshot_id: str) -> None:
+            from assets.partitions import SNAPSHOTS
+
+            if not instance.has_dynamic_partition(SNAPSHOTS, snapshot_id):
+                instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
+
+        try:
+            watch_forever(spark, config, args.landing, audit, report, interval_s=args.interval,
+                          ticks=1 if args.once else None, register=register)
+        except KeyboardInterrupt:
+            print("stopped; the next watch continues from each store's cursor", file=sys.stderr)
+    return EXIT_RUN_FAILED if failed else 0
+
+
 def _state_retention(text: str) -> int:
     """``--state-retention``: a whole number, checked by the divergence step's own rule."""
     from assets.divergence import check_state_retention
@@ -259,30 +300,8 @@ def vacuum_lines(results: Sequence, warehouse: str, retention_hours: int, dry_ru
     return lines
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="replica-lens", description=__doc__)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--verbose",
-        action="store_true",
-        help="on an unexpected error, print the whole traceback; audit: also Dagster's event log and Spark's warnings",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    sim = commands.add_parser("simulate", parents=[common], help="write a seeded, simulated raw topic snapshot folder")
-    sim.add_argument("--out", required=True, help="landing folder to write the snapshot folder into")
-    sim.add_argument("--snapshot-id", help="name of the snapshot folder (default: sim-<seed>)")
-    from replica_lens.simulator import add_arguments
-
-    add_arguments(sim)
-    sim.set_defaults(handler=_simulate)
-
-    audit = commands.add_parser(
-        "audit", parents=[common], help="audit every complete snapshot (or the one named) through Dagster"
-    )
-    audit.add_argument("--landing", required=True, help="landing folder holding snapshot folders")
-    audit.add_argument("--warehouse", required=True, help="folder for the Delta tables, one per asset")
-    audit.add_argument("--snapshot-id", help="audit only this snapshot")
+def _add_audit_settings(audit: argparse.ArgumentParser) -> None:
+    """The settings of an audit run (Spark, Delta, how raw Venice records decode): `audit` and `watch`."""
     audit.add_argument(
         "--spark-master", default=os.environ.get("REPLICA_LENS_SPARK_MASTER", "local[*]"), help="Spark master URL"
     )
@@ -324,6 +343,33 @@ def build_parser() -> argparse.ArgumentParser:
         "holds no START_OF_PUSH of, e.g. a dump that starts mid-stream (docs/venice-input.md; default: "
         "$REPLICA_LENS_VENICE_PUSH_SETTINGS)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replica-lens", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--verbose",
+        action="store_true",
+        help="on an unexpected error, print the whole traceback; audit: also Dagster's event log and Spark's warnings",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    sim = commands.add_parser("simulate", parents=[common], help="write a seeded, simulated raw topic snapshot folder")
+    sim.add_argument("--out", required=True, help="landing folder to write the snapshot folder into")
+    sim.add_argument("--snapshot-id", help="name of the snapshot folder (default: sim-<seed>)")
+    from replica_lens.simulator import add_arguments
+
+    add_arguments(sim)
+    sim.set_defaults(handler=_simulate)
+
+    audit = commands.add_parser(
+        "audit", parents=[common], help="audit every complete snapshot (or the one named) through Dagster"
+    )
+    audit.add_argument("--landing", required=True, help="landing folder holding snapshot folders")
+    audit.add_argument("--warehouse", required=True, help="folder for the Delta tables, one per asset")
+    audit.add_argument("--snapshot-id", help="audit only this snapshot")
+    _add_audit_settings(audit)
     audit.add_argument(
         "--fail-on-divergence",
         action="store_true",
@@ -431,6 +477,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dump.add_argument("--overwrite", action="store_true", help="replace an existing snapshot folder")
     dump.set_defaults(handler=_dump_kafka)
+
+    watch = commands.add_parser(
+        "watch",
+        parents=[common],
+        help="cut every watched store's version topics at its brokers, land the new offsets and audit them "
+        "incrementally; once (--once) or every interval",
+    )
+    watch.add_argument(
+        "--stores", required=not os.environ.get("REPLICA_LENS_STORES"), default=os.environ.get("REPLICA_LENS_STORES"),
+        metavar="FILE",
+        help="the stores to watch, their regions' brokers and consumer settings (TOML, docs/operations.md)",
+    )
+    watch.add_argument("--landing", required=True, help="landing folder: the snapshots and each store's cursor (_watch/)")
+    watch.add_argument("--warehouse", required=True, help="folder for the Delta tables, one per asset")
+    watch.add_argument("--once", action="store_true", help="one tick of every store, then exit (for cron and scripts)")
+    watch.add_argument(
+        "--interval", type=_at_least_one, metavar="SECONDS",
+        help="seconds from the start of one tick to the next (default: the store file's interval_seconds, else 60)",
+    )
+    watch.add_argument(
+        "--kafka-jars", default=None,
+        help="folder with the spark-sql-kafka jars and their dependencies (default: $REPLICA_LENS_KAFKA_JARS, "
+        "else the project's jvm/lib/kafka-source)",
+    )
+    _add_audit_settings(watch)
+    watch.set_defaults(handler=_watch)
 
     bench = commands.add_parser(
         "benchmark",

@@ -18,6 +18,7 @@ from replica_lens.executor import threaded_in_process_executor
 from replica_lens.jobs import (
     LANDING_SENSOR_INTERVAL_ENV,
     audit_snapshot,
+    build_broker_watch_sensor,
     build_landing_sensor,
     explain_key_job,
     landing_sensor_interval,
@@ -27,7 +28,11 @@ from replica_lens.jobs import (
     trend_catch_up,
     vacuum_warehouse,
     vacuum_warehouse_daily,
+    watch_brokers,
+    watch_interval,
 )
+from pipelines.venice.kafka_dump import kafka_spark_config
+from replica_lens.watch import WATCH_INTERVAL_ENV
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.reports import ReportSettings
@@ -51,18 +56,22 @@ def build_definitions(
     spark_log_level: str = "ERROR",
     interpreted_max_rows: int = INTERPRETED_MAX_ROWS,
     landing_sensor_interval_s: Optional[int] = None,
+    watch_interval_s: Optional[int] = None,
 ) -> dg.Definitions:
     """The code location's definitions. ``landing_sensor_interval_s`` (None: the environment's
     ``REPLICA_LENS_LANDING_SENSOR_INTERVAL_S``, else 30) is read here, when the definitions are
     built: Dagster schedules a sensor's evaluations from its definition."""
     if landing_sensor_interval_s is None:
         landing_sensor_interval_s = landing_sensor_interval(os.environ.get(LANDING_SENSOR_INTERVAL_ENV))
+    if watch_interval_s is None:
+        watch_interval_s = watch_interval(os.environ.get(WATCH_INTERVAL_ENV))
     return dg.Definitions(
         assets=dg.load_assets_from_modules([ingest, watermarks, divergence, operations, trend]),
         asset_checks=[divergence.no_proven_divergence, operations.lag_within_bounds, operations.exporters_within_bounds],
-        jobs=[audit_snapshot, refresh_trend, vacuum_warehouse, explain_key_job],
+        jobs=[audit_snapshot, refresh_trend, vacuum_warehouse, explain_key_job, watch_brokers],
         schedules=[reaudit_newest_snapshot, vacuum_warehouse_daily],
-        sensors=[build_landing_sensor(landing_sensor_interval_s), trend_after_audit, trend_catch_up],
+        sensors=[build_landing_sensor(landing_sensor_interval_s), trend_after_audit, trend_catch_up,
+                 build_broker_watch_sensor(watch_interval_s)],
         resources={
             "spark": SparkResource(
                 master=spark_master,
@@ -70,6 +79,9 @@ def build_definitions(
                 shuffle_partitions=shuffle_partitions,
                 log_level=spark_log_level,
                 interpreted_max_rows=interpreted_max_rows,
+                # The Kafka source's jars (when resolved) and the redaction of consumer settings: the broker watch
+                # reads the brokers in the session its audits then use.
+                spark_config=kafka_spark_config(),
             ),
             "store": DeltaStore(warehouse_root=warehouse_root, engine=delta_engine),
             # None: the landing resource reads REPLICA_LENS_CLUSTER_REGIONS,

@@ -1,5 +1,6 @@
 """Jobs, sensors and schedules of the code location."""
 
+import os
 from typing import Optional
 
 import dagster as dg
@@ -9,6 +10,7 @@ from assets.partitions import SNAPSHOTS, snapshot_partitions
 from resources.delta_store import DeltaStore
 from resources.landing import LandingZone
 from resources.reports import ReportSettings
+from resources.spark import SparkResource
 from replica_lens.executor import threaded_in_process_executor
 from resources.errors import InvalidSetting, UsageError
 from resources.tuning import DEFAULT_RETENTION_HOURS
@@ -28,18 +30,24 @@ audit_snapshot = dg.define_asset_job(
 )
 
 
-def landing_sensor_interval(text: Optional[str]) -> int:
-    """Seconds between two looks of the landing sensor: ``text`` (the environment's
-    ``REPLICA_LENS_LANDING_SENSOR_INTERVAL_S``), a whole number of at least 1, else 30."""
+def interval_setting(text: Optional[str], name: str, default: int) -> int:
+    """A sensor's interval from the environment variable ``name`` (``text``): a whole number of seconds of at least
+    1; unset or blank: ``default``."""
     if text is None or not text.strip():
-        return DEFAULT_LANDING_SENSOR_INTERVAL_S
+        return default
     try:
         seconds = int(text.strip())
     except ValueError:
         seconds = 0
     if seconds < 1:
-        raise InvalidSetting(f"{LANDING_SENSOR_INTERVAL_ENV} must be a whole number of seconds, at least 1; got {text!r}")
+        raise InvalidSetting(f"{name} must be a whole number of seconds, at least 1; got {text!r}")
     return seconds
+
+
+def landing_sensor_interval(text: Optional[str]) -> int:
+    """Seconds between two looks of the landing sensor: ``text`` (the environment's
+    ``REPLICA_LENS_LANDING_SENSOR_INTERVAL_S``), a whole number of at least 1, else 30."""
+    return interval_setting(text, LANDING_SENSOR_INTERVAL_ENV, DEFAULT_LANDING_SENSOR_INTERVAL_S)
 
 
 def build_landing_sensor(minimum_interval_seconds: int = DEFAULT_LANDING_SENSOR_INTERVAL_S) -> dg.SensorDefinition:
@@ -55,7 +63,8 @@ def build_landing_sensor(minimum_interval_seconds: int = DEFAULT_LANDING_SENSOR_
     def landing_sensor(context: dg.SensorEvaluationContext, landing: LandingZone) -> dg.SensorResult:
         scan = landing.scan()
         known = set(context.instance.get_dynamic_partitions(SNAPSHOTS))
-        new = [snapshot_id for snapshot_id in scan.complete if snapshot_id not in known]
+        new = [snapshot_id for snapshot_id in scan.complete
+               if snapshot_id not in known and landing.watched_store(snapshot_id) is None]
         for name in scan.refused:
             context.log.warning(f"ignoring landing folder {name!r}: not a safe snapshot id")
         if not new:
@@ -345,3 +354,118 @@ def explain_key_op(
 )
 def explain_key_job():
     explain_key_op()
+
+
+WATCH_JOB = "watch_brokers"
+_WATCH_COLUMNS = dg.TableSchema(columns=[
+    dg.TableColumn("store", "string"), dg.TableColumn("region", "string"), dg.TableColumn("snapshot_id", "string"),
+    dg.TableColumn("records", "int"), dg.TableColumn("offsets", "int"), dg.TableColumn("partitions", "int"),
+    dg.TableColumn("backlog", "int", description="offsets left for the next cut"),
+    dg.TableColumn("skipped", "string", description="why the region was not read"),
+])
+
+
+@dg.op(
+    description="One tick of every store of the store file ($REPLICA_LENS_STORES): cut each region's version topics "
+    "at its brokers, land the new offsets as a broker snapshot and audit it incrementally (replica_lens/watch.py).",
+    out=dg.Out(list, description="Per store: what the tick did."),
+)
+def watch_tick(context: dg.OpExecutionContext, spark: SparkResource, store: DeltaStore, landing: LandingZone):
+    from replica_lens.audit import run_audit
+    from replica_lens.watch import STORES_ENV, load_stores, tick_lines, watch_once
+
+    path = os.environ.get(STORES_ENV)
+    if not path:
+        raise dg.Failure(f"no store file: set {STORES_ENV} to the TOML file of the stores to watch (docs/operations.md)")
+    config = load_stores(path)
+
+    def audit(snapshot_id: str):
+        return run_audit(
+            snapshot_id, landing.root, store.warehouse_root, instance=context.instance, log_level="ERROR",
+            spark_master=spark.master, delta_jars_dir=spark.delta_jars_dir, delta_engine=store.engine,
+            shuffle_partitions=spark.shuffle_partitions, cluster_regions=landing.cluster_regions,
+            venice_clock_uncertainty_ms=landing.venice_clock_uncertainty_ms,
+            venice_push_settings=landing.venice_push_settings,
+        )
+
+    def register(snapshot_id: str) -> None:
+        if not context.instance.has_dynamic_partition(SNAPSHOTS, snapshot_id):
+            context.instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
+
+    results = watch_once(spark.spark_session, config, landing.root, audit, register)
+    rows = []
+    for result in results:
+        for line in tick_lines(result):
+            context.log.info(line)
+        for region, r in sorted(result.regions.items()):
+            rows.append({"store": result.store, "region": region, "snapshot_id": result.snapshot_id or "",
+                         "records": r["records"], "offsets": r["offsets"], "partitions": r["partitions"],
+                         "backlog": r["backlog"], "skipped": r["skipped"] or ""})
+    freshness = [r.seconds_cut_to_audited for r in results if r.seconds_cut_to_audited is not None]
+    metadata = {
+        "stores": len(results),
+        "snapshots_audited": sum(1 for r in results if r.action in ("audited", "resumed")),
+        "records_read": sum(r["records"] for r in rows),
+        "backlog_offsets": sum(r["backlog"] for r in rows),
+        "regions_skipped": sum(1 for r in rows if r["skipped"]),
+        # Freshness: from the cut (the end offsets asked) to the end of its audit; what was written before the cut
+        # is judged that much later at most.
+        **({"seconds_cut_to_audited": max(freshness)} if freshness else {}),
+        "by_region": dg.MetadataValue.table(records=[dg.TableRecord(r) for r in rows], schema=_WATCH_COLUMNS),
+    }
+    failed = [r for r in results if r.failed]
+    if failed:
+        raise dg.Failure(
+            "; ".join(f"store {r.store}: {r.error}" for r in failed) + " (retried on the next tick)",
+            metadata=metadata,
+        )
+    return dg.Output([r.__dict__ for r in results], metadata=metadata)
+
+
+@dg.job(
+    name=WATCH_JOB,
+    executor_def=dg.in_process_executor,
+    description="Cut, land and audit every watched store once (the broker_watch sensor starts it every interval).",
+)
+def watch_brokers():
+    watch_tick()
+
+
+def build_broker_watch_sensor(minimum_interval_seconds: int) -> dg.SensorDefinition:
+    """The broker watch: every interval, a ``watch_brokers`` run, unless one is under way; its cursor shows each
+    store's last published snapshot and ends (``<landing>/_watch/<store>.json`` is where they live)."""
+
+    @dg.sensor(
+        name="broker_watch",
+        job=watch_brokers,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Every interval, cuts the watched stores' version topics at their brokers, lands and audits the new "
+        "offsets (job watch_brokers; the stores: $REPLICA_LENS_STORES).",
+    )
+    def broker_watch(context: dg.SensorEvaluationContext, landing: LandingZone) -> dg.SensorResult:
+        import json
+
+        from replica_lens.watch import STORES_ENV, load_stores, read_cursor
+
+        path = os.environ.get(STORES_ENV)
+        if not path:
+            return dg.SensorResult(skip_reason=f"no store to watch: {STORES_ENV} names no store file")
+        config = load_stores(path)
+        cursors = {s.name: read_cursor(landing.root, s.name) for s in config.stores}
+        cursor = json.dumps({name: {"published": c.published, "pending": c.pending,
+                                    "ends": {f"{r}/{t}/{p}": v["end"] for (r, t, p), v in sorted(c.partitions.items())}}
+                             for name, c in cursors.items()}, sort_keys=True)
+        running = context.instance.get_runs(dg.RunsFilter(job_name=WATCH_JOB, statuses=list(_UNFINISHED)), limit=1)
+        if running:
+            return dg.SensorResult(skip_reason=f"a {WATCH_JOB} run is under way ({running[0].run_id})", cursor=cursor)
+        return dg.SensorResult(run_requests=[dg.RunRequest()], cursor=cursor)
+
+    return broker_watch
+
+
+def watch_interval(text: Optional[str]) -> int:
+    """Seconds between two ticks of the broker watch (``REPLICA_LENS_WATCH_INTERVAL_S``), at least 1, else 60."""
+    from replica_lens.watch import DEFAULT_INTERVAL_S, WATCH_INTERVAL_ENV
+
+    return interval_setting(text, WATCH_INTERVAL_ENV, DEFAULT_INTERVAL_S)

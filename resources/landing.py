@@ -172,6 +172,19 @@ class LandingZone(dg.ConfigurableResource):
         """The folder of ``snapshot_id`` (a path or URI); refuses unsafe ids and ids that would leave the landing folder."""
         return self._snapshot(snapshot_id).uri
 
+    def watched_store(self, snapshot_id: str) -> Optional[str]:
+        """The store whose ``replica-lens watch`` landed ``snapshot_id`` (its ``_cut.json`` says), else None: the
+        watch audits its own snapshots, in order, so the landing sensor leaves them alone."""
+        import json
+
+        cut = self._snapshot(snapshot_id).child("_cut.json")
+        if not cut.is_file():
+            return None
+        try:
+            return (json.loads(cut.read_text()).get("watch") or {}).get("store")
+        except ValueError:
+            return None
+
     def is_complete(self, snapshot_id: str) -> bool:
         return self._snapshot(snapshot_id).child(SUCCESS_MARKER).is_file()
 
@@ -192,7 +205,8 @@ class LandingZone(dg.ConfigurableResource):
         incomplete: list[str] = []
         refused: list[str] = []
         for entry in self._root().list():
-            if not entry.is_dir:
+            # "_watch" (the cursors of replica-lens watch) and other tools' bookkeeping folders are not snapshots.
+            if not entry.is_dir or entry.name.startswith("_"):
                 continue
             try:
                 folder = self._snapshot(entry.name)

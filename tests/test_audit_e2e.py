@@ -53,7 +53,7 @@ class _Recorder:
 
 # The units a figure's name may say (rows, keys, files, positions ... milliseconds, hours, bytes).
 UNIT = re.compile(r"(^|[_/ ])(rows?|keys?|key_pairs|files?|positions?|gaps|dumps|versions|partitions|states|bytes|"
-                  r"ms|seconds|hours|violations|rules|tables|row_count|version)(_|$| )")
+                  r"ms|seconds|hours|violations|rules|tables|row_count|version|records|offsets|regions)(_|$| )")
 
 
 @pytest.fixture()

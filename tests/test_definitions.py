@@ -19,6 +19,7 @@ FINDING_CHECKS = {
     ("replication_lag", "lag_within_bounds"),
     ("exporter_positions", "exporters_within_bounds"),
     ("raw_topic_snapshots", "every_topic_decoded"),
+    ("broker_cuts", "regions_answering"),
 }
 ENV_SETTINGS = {
     ("spark", "master"): "REPLICA_LENS_SPARK_MASTER",
@@ -37,14 +38,15 @@ def test_the_code_location_loads_with_exactly_its_jobs_sensors_and_schedule():
     repository = defs.get_repository_def()
     # Dagster adds its implicit asset job; every other job is one of ours.
     assert {job.name for job in repository.get_all_jobs()} - {"__ASSET_JOB"} == {
-        "audit_snapshot", "refresh_trend", "vacuum_warehouse", "explain_key",
+        "audit_snapshot", "refresh_trend", "vacuum_warehouse", "explain_key", "watch_brokers",
     }
-    assert {sensor.name for sensor in repository.sensor_defs} == {"landing_sensor", "trend_after_audit", "trend_catch_up"}
+    assert {sensor.name for sensor in repository.sensor_defs} == {"landing_sensor", "trend_after_audit", "trend_catch_up",
+                                                                   "broker_watch"}
     assert {schedule.name for schedule in repository.schedule_defs} == {"reaudit_newest_snapshot", "vacuum_warehouse_daily"}
     # One process per run: Spark starts once and every step shares its JVM. The audit's independent steps run
     # side by side on threads (a multiprocess executor would start a JVM per step).
     assert defs.resolve_job_def("audit_snapshot").executor_def is threaded_in_process_executor
-    for name in ("refresh_trend", "vacuum_warehouse", "explain_key"):
+    for name in ("refresh_trend", "vacuum_warehouse", "explain_key", "watch_brokers"):
         job = defs.resolve_job_def(name)
         assert job.name == name
         assert job.executor_def is dg.in_process_executor, name
@@ -92,7 +94,9 @@ def test_sensors_and_schedule_target_their_jobs_and_run_by_default():
     assert isinstance(trend, dg.RunStatusSensorDefinition) and trend.job_name == "refresh_trend"
     catch_up = defs.resolve_sensor_def("trend_catch_up")
     assert catch_up.job_name == "refresh_trend" and catch_up.required_resource_keys == {"store"}
-    for sensor in (landing, trend, catch_up):
+    watch = defs.resolve_sensor_def("broker_watch")
+    assert watch.job_name == "watch_brokers" and watch.minimum_interval_seconds == 60
+    for sensor in (landing, trend, catch_up, watch):
         assert sensor.default_status == dg.DefaultSensorStatus.RUNNING, sensor.name
     schedule = defs.resolve_schedule_def("reaudit_newest_snapshot")
     assert (schedule.job_name, schedule.cron_schedule) == ("audit_snapshot", "0 * * * *")

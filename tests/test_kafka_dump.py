@@ -89,7 +89,7 @@ def test_an_existing_snapshot_or_a_bad_request_is_refused(spark, tmp_path):
         kafka_source_to_snapshot(spark.range(1), "dc-a")
     request = DumpRequest({"dc-a": "h:9092"}, ("store_v1", "store_v2"), kafka_options={"security.protocol": "SSL"})
     cut = [PartitionCut("dc-a", "store_v1", 0, 5, 9, 7, "delete"), PartitionCut("dc-a", "store_v2", 1, 3, 3, 0, "compact")]
-    assert reader_options(request, "h:9092", cut) == {
+    assert reader_options(request, "dc-a", cut) == {
         "kafka.security.protocol": "SSL", "kafka.bootstrap.servers": "h:9092", "kafka.isolation.level": "read_committed",
         "assign": '{"store_v1": [0], "store_v2": [1]}',
         # [5, 7) was removed by retention before the read: the read starts at the log start

@@ -42,6 +42,8 @@ import datetime as dt
 import glob
 import json
 import os
+import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -87,6 +89,11 @@ class DumpRequest:
     kafka_options: dict[str, str] = field(default_factory=dict)  # passed as kafka.<name>
     continue_from: Optional[str] = None  # snapshot id in the same landing folder
     timeout_s: float = 30.0
+    # Per region, consumer settings that add to (and override) ``kafka_options`` for that region's brokers.
+    region_options: dict[str, dict[str, str]] = field(default_factory=dict)
+    # At most this many offsets per partition in one cut (None: up to the end offset); a backlog is then read
+    # as several cuts in order (``replica-lens watch``).
+    max_offsets: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not self.regions:
@@ -98,13 +105,20 @@ class DumpRequest:
                 raise InvalidSetting(f"region {region!r}: expected REGION=HOST:PORT[,HOST:PORT...]")
         if self.isolation_level not in ISOLATION_LEVELS:
             raise InvalidSetting(f"--isolation-level: {self.isolation_level!r} is not one of {ISOLATION_LEVELS}")
-        for name in self.kafka_options:
+        for name in [*self.kafka_options, *(n for options in self.region_options.values() for n in options)]:
             if name in RESERVED_OPTIONS:
                 raise InvalidSetting(f"--kafka-option {name}: set by the dump itself ({RESERVED_OPTIONS[name]})")
+        if self.max_offsets is not None and self.max_offsets < 1:
+            raise InvalidSetting(f"the bound per cut must be at least 1 offset per partition; got {self.max_offsets}")
+
+    def options_for(self, region: str) -> dict[str, str]:
+        """The consumer settings of one region's clients: the common ones, then the region's own."""
+        return {**self.kafka_options, **self.region_options.get(region, {})}
 
     def redact(self, text: str) -> str:
         """``text`` with every consumer setting's value replaced (error messages may quote a setting)."""
-        for value in sorted(self.kafka_options.values(), key=len, reverse=True):
+        values = [*self.kafka_options.values(), *(v for options in self.region_options.values() for v in options.values())]
+        for value in sorted(values, key=len, reverse=True):
             if len(value) >= 3:
                 text = text.replace(value, REDACTED)
         return text
@@ -159,10 +173,16 @@ class PartitionCut:
     log_start: int
     cleanup_policy: str
     delivered: Optional[int] = None  # records read in [s, e), once the read is done
+    broker_end: Optional[int] = None  # the end offset the broker reported (> e when the cut was bounded)
+    skipped: Optional[str] = None  # why the partition's region was not read in this cut (then s = e)
 
     def read_from(self) -> int:
         """Where the read starts: ``s``, or the log start when retention removed ``[s, log start)``."""
         return max(self.start, self.log_start)
+
+    def backlog(self) -> int:
+        """Offsets the broker held past ``e`` when the cut was taken (a bounded cut leaves them for the next)."""
+        return max(0, (self.broker_end if self.broker_end is not None else self.end) - self.end)
 
 
 def _java_list(jvm, items):
@@ -172,35 +192,71 @@ def _java_list(jvm, items):
     return out
 
 
-def take_cut(spark: SparkSession, request: DumpRequest, region: str, previous: dict) -> list[PartitionCut]:
-    """Ask one region's brokers, before anything is read, for every partition of the topics: its log start
-    offset, its end offset (the last stable offset under read_committed) and the topic's ``cleanup.policy``
-    (Kafka's own admin client, in Spark's JVM: the consumer settings mean what they mean to the Kafka source).
-
-    ``previous``: (region, topic, partition) -> the previous cut's ``e``; ``s`` is that, else the log start.
-    Raises ``BrokerUnavailable`` naming the region when its brokers do not answer within the timeout."""
+@contextmanager
+def _admin(spark: SparkSession, request: DumpRequest, region: str):
+    """Kafka's admin client for one region's brokers (in Spark's JVM: the consumer settings mean what they mean to
+    the Kafka source), closed on leaving; every failure at the brokers becomes ``BrokerUnavailable`` naming the region."""
     jvm = spark._jvm  # noqa: SLF001 - the Kafka client ships with the Kafka source's jars
-    admin_pkg = jvm.org.apache.kafka.clients.admin
-    seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
     props = jvm.java.util.Properties()
-    for name, value in request.kafka_options.items():
+    for name, value in request.options_for(region).items():
         props.put(name, value)
     timeout_ms = str(int(request.timeout_s * 1000))
     props.put("bootstrap.servers", request.regions[region])
     props.put("request.timeout.ms", timeout_ms)
     props.put("default.api.timeout.ms", timeout_ms)
     props.put("client.id", f"replica-lens-cut-{region}")
-    wait = int(request.timeout_s) + 5
     admin = None
     try:
-        admin = admin_pkg.Admin.create(props)
-        described = admin.describeTopics(_java_list(jvm, request.topics)).allTopicNames().get(wait, seconds)
+        admin = jvm.org.apache.kafka.clients.admin.Admin.create(props)
+        yield admin
+    except (BrokerUnavailable, UsageError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - py4j wraps Kafka's TimeoutException, UnknownTopic..., auth errors
+        raise BrokerUnavailable(request.redact(
+            f"region {region}: the cut failed at its brokers ({request.regions[region]}): {_java_reason(exc)}"
+        )) from None
+    finally:
+        if admin is not None:
+            try:
+                admin.close(jvm.java.time.Duration.ofSeconds(2))
+            except Exception:  # noqa: BLE001 - closing a client of unreachable brokers may fail too
+                pass
+
+
+def list_topics(spark: SparkSession, request: DumpRequest, region: str, pattern: str) -> list[str]:
+    """The topics of one region's brokers whose whole name matches ``pattern`` (a regular expression), sorted."""
+    compiled = re.compile(pattern)
+    jvm = spark._jvm  # noqa: SLF001
+    with _admin(spark, request, region) as admin:
+        names = admin.listTopics().names().get(int(request.timeout_s) + 5, jvm.java.util.concurrent.TimeUnit.SECONDS)
+        return sorted(str(name) for name in names if compiled.fullmatch(str(name)))
+
+
+def take_cut(spark: SparkSession, request: DumpRequest, region: str, previous: dict,
+             topics: Optional[tuple[str, ...]] = None) -> list[PartitionCut]:
+    """Ask one region's brokers, before anything is read, for every partition of the topics (``topics``, else the
+    request's): its log start offset, its end offset (the last stable offset under read_committed) and the topic's
+    ``cleanup.policy``.
+
+    ``previous``: (region, topic, partition) -> the previous cut's ``e``; ``s`` is that, else the log start.
+    ``e`` is the end offset, or with ``request.max_offsets`` at most that many offsets past where the read starts
+    (the broker's end is kept as ``broker_end``). Raises ``BrokerUnavailable`` naming the region when its brokers
+    do not answer within the timeout or a partition has no leader."""
+    topics = tuple(topics if topics is not None else request.topics)
+    if not topics:
+        return []
+    jvm = spark._jvm  # noqa: SLF001
+    admin_pkg = jvm.org.apache.kafka.clients.admin
+    seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
+    wait = int(request.timeout_s) + 5
+    with _admin(spark, request, region) as admin:
+        described = admin.describeTopics(_java_list(jvm, topics)).allTopicNames().get(wait, seconds)
         resource_type = getattr(jvm.org.apache.kafka.common.config, "ConfigResource$Type").TOPIC
-        resources = [jvm.org.apache.kafka.common.config.ConfigResource(resource_type, t) for t in request.topics]
+        resources = [jvm.org.apache.kafka.common.config.ConfigResource(resource_type, t) for t in topics]
         configs = admin.describeConfigs(_java_list(jvm, resources)).all().get(wait, seconds)
         partitions: list[tuple[str, int]] = []
         policies: dict[str, str] = {}
-        for topic, resource in zip(request.topics, resources):
+        for topic, resource in zip(topics, resources):
             description = described.get(topic)
             for info in description.partitions():
                 if info.leader() is None:
@@ -223,18 +279,6 @@ def take_cut(spark: SparkSession, request: DumpRequest, region: str, previous: d
 
         earliest = offsets(admin_pkg.OffsetSpec.earliest())
         latest = offsets(admin_pkg.OffsetSpec.latest())
-    except BrokerUnavailable:
-        raise
-    except Exception as exc:  # noqa: BLE001 - py4j wraps Kafka's TimeoutException, UnknownTopic..., auth errors
-        raise BrokerUnavailable(
-            f"region {region}: the cut failed at its brokers ({request.regions[region]}): {_java_reason(exc)}"
-        ) from None
-    finally:
-        if admin is not None:
-            try:
-                admin.close(jvm.java.time.Duration.ofSeconds(2))
-            except Exception:  # noqa: BLE001 - closing a client of unreachable brokers may fail too
-                pass
     cut = []
     for topic, partition in partitions:
         log_start, end = earliest[(topic, partition)], latest[(topic, partition)]
@@ -244,7 +288,8 @@ def take_cut(spark: SparkSession, request: DumpRequest, region: str, previous: d
                 f"region {region}: {topic}[{partition}] ends at {end}, before the previous snapshot's end {start} "
                 "(the topic was re-created or truncated): start a new chain without --continue-from"
             )
-        cut.append(PartitionCut(region, topic, partition, start, end, log_start, policies[topic]))
+        bounded = end if request.max_offsets is None else min(end, max(start, log_start) + request.max_offsets)
+        cut.append(PartitionCut(region, topic, partition, start, bounded, log_start, policies[topic], broker_end=end))
     return cut
 
 
@@ -272,19 +317,26 @@ def previous_ends(landing: str, snapshot_id: Optional[str]) -> dict[tuple[str, s
 
 
 def cut_document(cut: list[PartitionCut], request: DumpRequest, taken_at: dt.datetime, snapshot_id: str,
-                 previous: Optional[str]) -> dict:
-    """What ``_cut.json`` holds: the cut per partition, when it was taken, how it was read; no consumer setting."""
+                 previous: Optional[str], skipped: Optional[dict[str, dict]] = None,
+                 extra: Optional[dict] = None) -> dict:
+    """What ``_cut.json`` holds: the cut per partition, when it was taken, how it was read, the regions not read
+    (``skipped``: region -> its reason and how many cuts in a row skipped it) and ``extra`` (the watched store); no
+    consumer setting."""
     return {
         "snapshot_id": snapshot_id,
         "cut_at": taken_at.isoformat(timespec="milliseconds"),
         "isolation_level": request.isolation_level,
         "continues": previous,
         "regions": {region: request.regions[region] for region in request.regions},
+        "max_offsets": request.max_offsets,
+        "skipped_regions": dict(sorted((skipped or {}).items())),
+        **(extra or {}),
         "partitions": [
             {
                 "region": p.region, "topic": p.topic, "partition": p.partition, "start": p.start, "end": p.end,
                 "log_start": p.log_start, "delivered": p.delivered, "cleanup_policy": p.cleanup_policy,
                 "not_delivered": (p.end - p.start - p.delivered) if p.delivered is not None else None,
+                "broker_end": p.broker_end if p.broker_end is not None else p.end, "skipped": p.skipped,
             }
             for p in cut
         ],
@@ -300,14 +352,15 @@ def cut_rows(text: str, snapshot_id: str) -> list[dict]:
             "snapshot_id": snapshot_id, "region": p["region"], "topic": p["topic"], "partition": int(p["partition"]),
             "start_offset": int(p["start"]), "end_offset": int(p["end"]), "log_start_offset": int(p["log_start"]),
             "records_delivered": int(p["delivered"]), "offsets_not_delivered": int(p["not_delivered"]),
+            "backlog_offsets": max(0, int(p.get("broker_end", p["end"])) - int(p["end"])),
             "cleanup_policy": p["cleanup_policy"], "isolation_level": document["isolation_level"],
-            "cut_at_ms": cut_at_ms, "continues": document.get("continues"),
+            "cut_at_ms": cut_at_ms, "continues": document.get("continues"), "skipped_reason": p.get("skipped"),
         }
         for p in document["partitions"]
     ]
 
 
-def reader_options(request: DumpRequest, bootstrap_servers: str, cut: list[PartitionCut]) -> dict[str, str]:
+def reader_options(request: DumpRequest, region: str, cut: list[PartitionCut]) -> dict[str, str]:
     """The Kafka source's options for one region's batch read of exactly its cut: per partition from ``s`` (or
     the log start, when retention removed ``[s, log start)``) up to ``e``."""
     assign: dict[str, list[int]] = {}
@@ -317,10 +370,10 @@ def reader_options(request: DumpRequest, bootstrap_servers: str, cut: list[Parti
         assign.setdefault(p.topic, []).append(p.partition)
         starting.setdefault(p.topic, {})[str(p.partition)] = p.read_from()
         ending.setdefault(p.topic, {})[str(p.partition)] = p.end
-    options = {f"kafka.{name}": value for name, value in request.kafka_options.items()}
+    options = {f"kafka.{name}": value for name, value in request.options_for(region).items()}
     options.update(
         {
-            "kafka.bootstrap.servers": bootstrap_servers,
+            "kafka.bootstrap.servers": request.regions[region],
             "kafka.isolation.level": request.isolation_level,
             "assign": json.dumps(assign, sort_keys=True),
             "startingOffsets": json.dumps(starting, sort_keys=True),
@@ -346,7 +399,7 @@ def read_region(spark: SparkSession, request: DumpRequest, region: str, cut: lis
     """One region's version topics from its brokers, exactly its cut (fails with ``MissingKafkaSource`` without
     the jars)."""
     reader = spark.read.format("kafka")
-    for name, value in reader_options(request, request.regions[region], cut).items():
+    for name, value in reader_options(request, region, [p for p in cut if p.skipped is None]).items():
         reader = reader.option(name, value)
     try:
         records = reader.load()
@@ -449,36 +502,37 @@ def default_kafka_jars() -> Optional[str]:
 REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|jaas|sasl|ssl|credential"
 
 
-def dump(
-    request: DumpRequest,
-    landing: str,
-    snapshot_id: str,
-    *,
-    spark_master: str = "local[*]",
-    kafka_jars_dir: Optional[str] = None,
-    overwrite: bool = False,
-    spark: Optional[SparkSession] = None,
-) -> dict:
-    """``replica-lens dump-kafka``: take the cut of every region first, then read exactly it and land it as one
-    snapshot, with ``_cut.json`` (the cut and what each partition delivered) written before ``_SUCCESS``."""
-    check_snapshot_id(snapshot_id)
-    previous = previous_ends(landing, request.continue_from)
-    folder = Location.of(landing).child(snapshot_id)
-    if folder.is_dir() and not overwrite:
-        raise UsageError(f"snapshot {snapshot_id!r} already exists in {landing}; pass --overwrite to replace it")
-    if spark is None:
-        from resources.session import build_spark_session
+def kafka_spark_config(kafka_jars_dir: Optional[str] = None) -> dict[str, str]:
+    """Spark settings of a session that reads brokers: the Kafka source's jars (``kafka_jars_dir``, else
+    ``default_kafka_jars``; none when neither has them) and the redaction of consumer settings."""
+    jars = kafka_jars(kafka_jars_dir or default_kafka_jars())
+    config = {"spark.redaction.regex": REDACTION_REGEX, "spark.sql.redaction.options.regex": REDACTION_REGEX}
+    if jars:
+        config["spark.jars"] = ",".join(jars)
+    return config
 
-        jars = kafka_jars(kafka_jars_dir)
-        extra = {"spark.redaction.regex": REDACTION_REGEX, "spark.sql.redaction.options.regex": REDACTION_REGEX}
-        if jars:
-            extra["spark.jars"] = ",".join(jars)
-        spark = build_spark_session(master=spark_master, extra=extra)
+
+def kafka_session(spark_master: str = "local[*]", kafka_jars_dir: Optional[str] = None,
+                  **settings) -> SparkSession:
+    """This process's Spark session with ``kafka_spark_config``; ``settings`` are ``build_spark_session``'s (an
+    audit in the same process reuses the session)."""
+    from resources.session import build_spark_session
+
+    spark = build_spark_session(master=spark_master, extra=kafka_spark_config(kafka_jars_dir), **settings)
     if not _has_kafka_client(spark):
         raise _missing_source(spark)
-    taken_at = dt.datetime.now(dt.timezone.utc)
-    cuts = {region: take_cut(spark, request, region, previous) for region in request.regions}
-    frames = {region: read_region(spark, request, region, cuts[region]) for region in request.regions}
+    return spark
+
+
+def land_cut(spark: SparkSession, request: DumpRequest, cuts: dict[str, list[PartitionCut]], landing: str,
+             snapshot_id: str, taken_at: dt.datetime, *, continues: Optional[str] = None,
+             skipped: Optional[dict[str, dict]] = None, extra: Optional[dict] = None,
+             overwrite: bool = False) -> dict:
+    """Read exactly ``cuts`` (region -> its partitions; those marked ``skipped`` are not read) and land them as one
+    snapshot, with ``_cut.json`` (the cut and what each partition delivered) written before ``_SUCCESS``; return
+    ``land_snapshot``'s counts with the cut's document (``cut``) and the records per region."""
+    frames = {region: read_region(spark, request, region, cut) for region, cut in cuts.items()
+              if any(p.skipped is None for p in cut)}
     summary: dict = {}
 
     def record_cut(target: Location) -> None:
@@ -492,27 +546,54 @@ def dump(
             .collect()
         } if files else {}
         delivered = []
-        for region, cut in cuts.items():
+        for cut in cuts.values():
             for p in cut:
                 row = stats.pop((p.region, p.topic, p.partition), None)
                 n = int(row["n"]) if row else 0
-                if row and (row["lo"] < p.read_from() or row["hi"] >= p.end):
+                if row and (p.skipped is not None or row["lo"] < p.read_from() or row["hi"] >= p.end):
                     raise RuntimeError(f"{p.region} {p.topic}[{p.partition}]: read offsets {row['lo']}..{row['hi']} "
                                        f"outside the cut [{p.read_from()}, {p.end})")
                 delivered.append(PartitionCut(**{**p.__dict__, "delivered": n}))
         if stats:
             raise RuntimeError(f"records of partitions outside the cut: {sorted(stats)}")
-        document = cut_document(delivered, request, taken_at, snapshot_id, request.continue_from)
+        document = cut_document(delivered, request, taken_at, snapshot_id, continues, skipped, extra)
         target.child(CUT_FILE).write_text(json.dumps(document, indent=1) + "\n")
         summary["cut"] = document
 
     landed = land_snapshot(frames, landing, snapshot_id, overwrite=overwrite, before_success=record_cut)
     landed["cut"] = summary["cut"]
+    landed["records"] = {region: sum(p["delivered"] for p in summary["cut"]["partitions"] if p["region"] == region)
+                         for region in cuts}
     for region in landed["regions"]:
-        landed["regions"][region]["records"] = sum(
-            p["delivered"] for p in summary["cut"]["partitions"] if p["region"] == region
-        )
+        landed["regions"][region]["records"] = landed["records"][region]
     return landed
+
+
+def dump(
+    request: DumpRequest,
+    landing: str,
+    snapshot_id: str,
+    *,
+    spark_master: str = "local[*]",
+    kafka_jars_dir: Optional[str] = None,
+    overwrite: bool = False,
+    spark: Optional[SparkSession] = None,
+) -> dict:
+    """``replica-lens dump-kafka``: take the cut of every region first, then read exactly it and land it as one
+    snapshot (``land_cut``). A region that does not answer stops the dump before anything is written."""
+    check_snapshot_id(snapshot_id)
+    previous = previous_ends(landing, request.continue_from)
+    folder = Location.of(landing).child(snapshot_id)
+    if folder.is_dir() and not overwrite:
+        raise UsageError(f"snapshot {snapshot_id!r} already exists in {landing}; pass --overwrite to replace it")
+    if spark is None:
+        spark = kafka_session(spark_master, kafka_jars_dir)
+    elif not _has_kafka_client(spark):
+        raise _missing_source(spark)
+    taken_at = dt.datetime.now(dt.timezone.utc)
+    cuts = {region: take_cut(spark, request, region, previous) for region in request.regions}
+    return land_cut(spark, request, cuts, landing, snapshot_id, taken_at, continues=request.continue_from,
+                    overwrite=overwrite)
 
 
 def _data_files(folder: Location) -> list:
