@@ -69,6 +69,7 @@ class RegionConfig:
     options: dict[str, str] = field(default_factory=dict)
     options_file: Optional[str] = None
     options_from_env: dict[str, str] = field(default_factory=dict)  # setting -> environment variable
+    broker_timeout_s: Optional[float] = None  # None: the store's
 
     def consumer_options(self) -> dict[str, str]:
         """The region's consumer settings, secrets read now (never kept in the configuration)."""
@@ -103,6 +104,7 @@ class StoreConfig:
             kafka_options=dict(self.options),
             region_options={r.name: r.consumer_options() for r in self.regions},
             timeout_s=self.broker_timeout_s,
+            region_timeouts={r.name: r.broker_timeout_s for r in self.regions if r.broker_timeout_s is not None},
             max_offsets=self.max_offsets_per_partition,
         )
 
@@ -128,6 +130,12 @@ def _plain_options(value, where: str) -> dict[str, str]:
     return options
 
 
+def _seconds(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise InvalidSetting(f"{where}: a positive number of seconds")
+    return float(value)
+
+
 def parse_stores(text: str, source: str = "the store file") -> WatchConfig:
     """The store file (TOML, docs/operations.md): every mistake is refused with where it is."""
     try:
@@ -141,8 +149,12 @@ def parse_stores(text: str, source: str = "the store file") -> WatchConfig:
     if not isinstance(interval, int) or interval < 1:
         raise InvalidSetting(f"{source}: interval_seconds must be a whole number of at least 1")
     stores = []
+    if not isinstance(document.get("stores", {}), dict):
+        raise InvalidSetting(f"{source}: stores is a table per store ([stores.NAME])")
     for name, body in (document.get("stores") or {}).items():
         where = f"{source}: stores.{name}"
+        if not isinstance(body, dict) or not isinstance(body.get("regions", {}), dict):
+            raise InvalidSetting(f"{where}: a table of settings with a table per region ([stores.{name}.regions.REGION])")
         if not STORE_NAME.fullmatch(name):
             raise InvalidSetting(f"{where}: a store's name is letters, digits, '_' and '-'")
         known = {"topic_pattern", "isolation_level", "max_offsets_per_partition", "warn_after_skipped_cuts",
@@ -163,13 +175,14 @@ def parse_stores(text: str, source: str = "the store file") -> WatchConfig:
         warn = body.get("warn_after_skipped_cuts", DEFAULT_WARN_AFTER_SKIPPED_CUTS)
         if not isinstance(warn, int) or warn < 1:
             raise InvalidSetting(f"{where}.warn_after_skipped_cuts: a whole number of at least 1")
-        timeout = body.get("broker_timeout_seconds", 30)
-        if not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise InvalidSetting(f"{where}.broker_timeout_seconds: a positive number of seconds")
+        timeout = _seconds(body.get("broker_timeout_seconds", 30), f"{where}.broker_timeout_seconds")
         regions = []
         for region, settings in (body.get("regions") or {}).items():
             rwhere = f"{where}.regions.{region}"
-            extra = set(settings) - {"bootstrap_servers", "options", "options_file", "options_from_env"}
+            if not isinstance(settings, dict):
+                raise InvalidSetting(f"{rwhere}: a table of settings")
+            extra = set(settings) - {"bootstrap_servers", "options", "options_file", "options_from_env",
+                                     "broker_timeout_seconds"}
             if extra:
                 raise InvalidSetting(f"{rwhere}: unknown setting(s) {sorted(extra)}")
             servers = settings.get("bootstrap_servers")
@@ -178,6 +191,8 @@ def parse_stores(text: str, source: str = "the store file") -> WatchConfig:
             regions.append(RegionConfig(
                 region, servers.strip(), _plain_options(settings.get("options", {}), f"{rwhere}.options"),
                 settings.get("options_file"), _strings(settings.get("options_from_env", {}), f"{rwhere}.options_from_env"),
+                None if "broker_timeout_seconds" not in settings
+                else _seconds(settings["broker_timeout_seconds"], f"{rwhere}.broker_timeout_seconds"),
             ))
         if not regions:
             raise InvalidSetting(f"{where}: name at least one region ([stores.{name}.regions.REGION])")
@@ -269,6 +284,7 @@ class TickResult:
     seconds_cut_to_audited: Optional[float] = None
     error: Optional[str] = None
     divergent_keys: Optional[int] = None
+    failed_checks: list[str] = field(default_factory=list)  # "asset:check" of the audit's checks that did not pass
 
     @property
     def failed(self) -> bool:
@@ -302,19 +318,15 @@ def take_store_cut(spark, store: StoreConfig, request: DumpRequest, cursor: Curs
     return cuts, skipped
 
 
-def _moved(cuts: dict[str, list[PartitionCut]], cursor: Cursor) -> bool:
-    """Whether the cut reads anything new: a partition whose ``e`` passed its last published end, or a new one."""
-    for cut in cuts.values():
-        for p in cut:
-            if p.skipped is None and (p.end > p.start or (p.region, p.topic, p.partition) not in cursor.partitions):
-                return True
-    return False
+def _moved(cuts: dict[str, list[PartitionCut]]) -> bool:
+    """Whether the cut reads anything new: a partition of a region read whose ``e`` passed its ``s`` (a new topic's
+    ``s`` is its log start; a new empty one waits until it holds a record)."""
+    return any(p.skipped is None and p.end > p.start for cut in cuts.values() for p in cut)
 
 
 def _publish(cursor: Cursor, document: dict) -> None:
     """Advance the cursor to a snapshot whose audit succeeded: its ends (a skipped region keeps its own)."""
-    read_regions = {p["region"] for p in document["partitions"] if p.get("skipped") is None}
-    read_regions |= set(document["regions"]) - set(document.get("skipped_regions", {}))
+    read_regions = set(document["regions"]) - set(document.get("skipped_regions", {}))
     for region in read_regions:  # partitions of read regions that are gone belong to deleted (retired) topics
         for key in [k for k in cursor.partitions if k[0] == region]:
             del cursor.partitions[key]
@@ -355,6 +367,7 @@ def _audit_pending(landing: str, cursor: Cursor, audit: AuditFn, result: TickRes
     result.cut_at = document["cut_at"]
     result.regions = _region_lines(document)
     outcome = audit(cursor.pending)
+    result.failed_checks = list(outcome.failed_checks)
     if not outcome.success:
         result.action = "audit_failed"
         result.error = outcome.error or "the audit failed"
@@ -401,7 +414,7 @@ def watch_store(spark, store: StoreConfig, landing: str, audit: AuditFn, *,
             cursor.skipped_cuts[region] = entry["skipped_cuts"]
         write_cursor(landing, cursor)
         return result
-    if not _moved(cuts, cursor):
+    if not _moved(cuts):
         result.regions = {region: {"topics": sorted({p.topic for p in cut}), "partitions": len(cut), "records": 0,
                                    "offsets": 0, "backlog": 0, "skipped": skipped.get(region),
                                    "skipped_cuts": skipped_regions.get(region, {}).get("skipped_cuts", 0)}
@@ -420,7 +433,7 @@ def watch_store(spark, store: StoreConfig, landing: str, audit: AuditFn, *,
                        "warn_after_skipped_cuts": store.warn_after_skipped_cuts}}
     try:
         land_cut(spark, request, cuts, landing, snapshot_id, taken_at, continues=cursor.published,
-                 skipped=skipped_regions, extra=extra, overwrite=True)
+                 skipped=skipped_regions, extra=extra, overwrite=True, whole_values=True)
     except Exception as exc:  # noqa: BLE001 - the folder is gone (land_snapshot); the next tick cuts again
         cursor.pending = None
         write_cursor(landing, cursor)

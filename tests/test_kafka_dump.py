@@ -116,3 +116,32 @@ def test_without_the_kafka_jars_the_dump_says_which_package_is_missing(tmp_path)
     assert done.returncode == EXIT_USAGE, done.stderr
     assert "spark-sql-kafka-0-10_2.13:" in done.stderr and "--kafka-jars" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "s1").exists()
+
+
+def test_a_cut_that_ends_among_a_values_chunks_ends_before_them(spark, tmp_path):
+    """``watch`` cuts keep chunked values whole (``land_cut(whole_values=True)``). Catches a cut ending after a
+    value's chunks but before its manifest (the value is then lost to both snapshots, MISSING_CHUNKS, and nothing
+    is provable after the gap), a trim that also drops whole records, and one that would make no progress when a
+    single value's chunks fill the whole cut."""
+    from pipelines.venice.decoder import is_value_chunk
+    from pipelines.venice.kafka_dump import _end_before_chunks, trailing_chunks
+    from replica_lens.simulator import SimulationConfig, simulate
+
+    simulate(str(tmp_path), "s", SimulationConfig(seed=3, regions=1, partitions=1, keys=20, writes=80,
+                                                  file_format="venice-kafka", compression="zstd-dict",
+                                                  chunk_above=64, push_control_messages=True))
+    (path,) = (tmp_path / "s").glob("*.kafka.parquet")
+    records = spark.read.parquet(str(path))
+    rows = sorted(records.collect(), key=lambda r: r["offset"])
+    chunks = [r["offset"] for r in rows if is_value_chunk(r["value"])]
+    # The first offset where a value's chunks run on: a cut ending two records later splits the value.
+    first = next(o for o in chunks if o + 1 in chunks and o - 1 not in chunks)
+    inside = records.where(records["offset"] < first + 2)
+    (region,) = {r["region"] for r in rows}
+    assert trailing_chunks(inside) == {(region, "store_v1", 0): first}
+    assert trailing_chunks(records.where(records["offset"] < first)) == {}  # ends on a whole record: untouched
+    cut = [PartitionCut(region, "store_v1", 0, 0, first + 2, 0, "delete", broker_end=len(rows))]
+    (trimmed,) = _end_before_chunks(cut, {(region, "store_v1", 0): first})
+    assert (trimmed.start, trimmed.end, trimmed.broker_end) == (0, first, len(rows))
+    lone = [PartitionCut(region, "store_v1", 0, first, first + 2, 0, "delete")]
+    assert _end_before_chunks(lone, {(region, "store_v1", 0): first}) == lone  # the value is bigger than the cut

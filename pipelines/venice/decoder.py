@@ -416,6 +416,21 @@ def start_of_push_settings(key: bytes, value: bytes) -> PushSettings | None:
                         None if dictionary is None else bytes(dictionary))
 
 
+def is_value_chunk(value: bytes) -> bool:
+    """Whether a record's value is one chunk of a chunked value (a PUT with schemaId -10): its manifest comes
+    after it. A cut that ends among a value's chunks would split the value between two snapshots."""
+    value = bytes(value or b"")
+    if len(value) < 2 or value[0] != MAGIC_BYTE or value[1] not in SUPPORTED_VERSIONS:
+        return False
+    try:
+        env = fastavro.schemaless_reader(io.BytesIO(value[2:]), envelope_schema(value[1]), None,
+                                         return_record_name=True)
+    except Exception:  # noqa: BLE001 - a malformed record is the decoder's to quarantine, not a chunk
+        return False
+    name, payload = env["payloadUnion"]
+    return env["messageType"] == MT_PUT and _short(name) == "Put" and payload["schemaId"] == values.CHUNK_SCHEMA_ID
+
+
 def upstream_cluster_id(value: bytes) -> int | None:
     """The leader footer's ``upstreamKafkaClusterId`` of a record's value; None when it has no footer
     or is not a supported Venice envelope. For naming every cluster id a snapshot holds."""

@@ -94,6 +94,8 @@ class DumpRequest:
     # At most this many offsets per partition in one cut (None: up to the end offset); a backlog is then read
     # as several cuts in order (``replica-lens watch``).
     max_offsets: Optional[int] = None
+    # Per region, how long its brokers have to answer (seconds), instead of ``timeout_s``.
+    region_timeouts: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.regions:
@@ -110,6 +112,9 @@ class DumpRequest:
                 raise InvalidSetting(f"--kafka-option {name}: set by the dump itself ({RESERVED_OPTIONS[name]})")
         if self.max_offsets is not None and self.max_offsets < 1:
             raise InvalidSetting(f"the bound per cut must be at least 1 offset per partition; got {self.max_offsets}")
+
+    def timeout_for(self, region: str) -> float:
+        return self.region_timeouts.get(region, self.timeout_s)
 
     def options_for(self, region: str) -> dict[str, str]:
         """The consumer settings of one region's clients: the common ones, then the region's own."""
@@ -200,7 +205,7 @@ def _admin(spark: SparkSession, request: DumpRequest, region: str):
     props = jvm.java.util.Properties()
     for name, value in request.options_for(region).items():
         props.put(name, value)
-    timeout_ms = str(int(request.timeout_s * 1000))
+    timeout_ms = str(int(request.timeout_for(region) * 1000))
     props.put("bootstrap.servers", request.regions[region])
     props.put("request.timeout.ms", timeout_ms)
     props.put("default.api.timeout.ms", timeout_ms)
@@ -228,7 +233,8 @@ def list_topics(spark: SparkSession, request: DumpRequest, region: str, pattern:
     compiled = re.compile(pattern)
     jvm = spark._jvm  # noqa: SLF001
     with _admin(spark, request, region) as admin:
-        names = admin.listTopics().names().get(int(request.timeout_s) + 5, jvm.java.util.concurrent.TimeUnit.SECONDS)
+        names = admin.listTopics().names().get(int(request.timeout_for(region)) + 5,
+                                               jvm.java.util.concurrent.TimeUnit.SECONDS)
         return sorted(str(name) for name in names if compiled.fullmatch(str(name)))
 
 
@@ -248,7 +254,7 @@ def take_cut(spark: SparkSession, request: DumpRequest, region: str, previous: d
     jvm = spark._jvm  # noqa: SLF001
     admin_pkg = jvm.org.apache.kafka.clients.admin
     seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
-    wait = int(request.timeout_s) + 5
+    wait = int(request.timeout_for(region)) + 5
     with _admin(spark, request, region) as admin:
         described = admin.describeTopics(_java_list(jvm, topics)).allTopicNames().get(wait, seconds)
         resource_type = getattr(jvm.org.apache.kafka.common.config, "ConfigResource$Type").TOPIC
@@ -524,15 +530,70 @@ def kafka_session(spark_master: str = "local[*]", kafka_jars_dir: Optional[str] 
     return spark
 
 
+def trailing_chunks(frame: DataFrame) -> dict[tuple[str, str, int], int]:
+    """Per (region, topic, partition) of a region's read whose last records are chunks of a value (its manifest
+    not yet written, or past the cut): the offset of the first of those chunks. Only the records after each
+    partition's last control message are decoded (heartbeats come every few records), in Spark."""
+    from pipelines.venice.decoder import KEY_HEADER_CONTROL, is_value_chunk
+
+    rp = ["region", "topic", "partition"]
+    control = F.substring(F.col("key"), 1, 1) == F.lit(bytes([KEY_HEADER_CONTROL]))
+    last_control = frame.where(control).groupBy(*rp).agg(F.max("offset").alias("last_control"))
+    chunk = F.udf(lambda value: is_value_chunk(value), "boolean")
+    tail = (frame.join(last_control, on=rp, how="left")
+            .where(F.col("offset") > F.coalesce(F.col("last_control"), F.lit(-1)))
+            .select(*rp, "offset", chunk(F.col("value")).alias("chunk"))
+            .collect())
+    starts: dict[tuple[str, str, int], int] = {}
+    by_partition: dict[tuple[str, str, int], list] = {}
+    for row in tail:
+        by_partition.setdefault((row["region"], row["topic"], int(row["partition"])), []).append(row)
+    for key, rows in by_partition.items():
+        rows.sort(key=lambda r: r["offset"])
+        first = None
+        for row in reversed(rows):
+            if not row["chunk"]:
+                break
+            first = int(row["offset"])
+        if first is not None:
+            starts[key] = first
+    return starts
+
+
+def _end_before_chunks(cut: list[PartitionCut], starts: dict[tuple[str, str, int], int]) -> list[PartitionCut]:
+    """The cut with ``e`` moved back to the first trailing chunk of each partition, unless the chunks start where
+    the read starts (a value larger than the cut: moving ``e`` there would read nothing, forever)."""
+    out = []
+    for p in cut:
+        first = starts.get((p.region, p.topic, p.partition))
+        if first is not None and p.skipped is None and p.read_from() < first < p.end:
+            p = PartitionCut(**{**p.__dict__, "end": first})
+        out.append(p)
+    return out
+
+
 def land_cut(spark: SparkSession, request: DumpRequest, cuts: dict[str, list[PartitionCut]], landing: str,
              snapshot_id: str, taken_at: dt.datetime, *, continues: Optional[str] = None,
              skipped: Optional[dict[str, dict]] = None, extra: Optional[dict] = None,
-             overwrite: bool = False) -> dict:
+             overwrite: bool = False, whole_values: bool = False) -> dict:
     """Read exactly ``cuts`` (region -> its partitions; those marked ``skipped`` are not read) and land them as one
     snapshot, with ``_cut.json`` (the cut and what each partition delivered) written before ``_SUCCESS``; return
-    ``land_snapshot``'s counts with the cut's document (``cut``) and the records per region."""
+    ``land_snapshot``'s counts with the cut's document (``cut``) and the records per region.
+
+    ``whole_values``: a partition whose read ends among the chunks of a value (Venice writes a large value as
+    chunks, then its manifest) ends its cut before them (``trailing_chunks``): the next cut reads the value whole.
+    A chain of cuts that split values would lose each split value (MISSING_CHUNKS, a gap of one position: and
+    after a gap, nothing is provable until the next heartbeat vector)."""
     frames = {region: read_region(spark, request, region, cut) for region, cut in cuts.items()
               if any(p.skipped is None for p in cut)}
+    if whole_values:
+        for region, frame in list(frames.items()):
+            cuts[region] = _end_before_chunks(cuts[region], trailing_chunks(frame))
+            ends = {(p.topic, p.partition): p.end for p in cuts[region]}
+            bound = F.lit(None).cast("long")
+            for (topic, partition), end in ends.items():
+                bound = F.when((F.col("topic") == topic) & (F.col("partition") == partition), F.lit(end)).otherwise(bound)
+            frames[region] = frame.where(F.col("offset") < bound)
     summary: dict = {}
 
     def record_cut(target: Location) -> None:
