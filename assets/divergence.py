@@ -38,7 +38,7 @@ from assets.previews import divergence_by_pair
 from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
 from pipelines.frames import computed_once
 from pipelines.leapfrog import compare, comparison_layout, state_files
-from pipelines.state.carry import carried_versions, carry_over, contexts_from_sums
+from pipelines.state.carry import carried_versions, carry_over, contexts_from_sums, read_between
 from pipelines.state.prior import PriorState, StateRefused, no_prior_state, prior_state, retained_states
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION
 from resources.delta_store import DeltaStore
@@ -180,7 +180,14 @@ def divergence_reports(
         except StateRefused as refused:
             raise dg.Failure(description=str(refused), allow_retries=False) from refused
         if prior.links:
-            carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context)
+            # The positions between each state and this dump read and skipped by rule (chunks, control messages),
+            # in this snapshot or its predecessors: not gaps.
+            skipped = None
+            for sid in [snapshot_id, *prior.previous_snapshot_ids]:
+                part = read_stage(session, store, "raw_topic_skipped", sid)
+                skipped = part if skipped is None else skipped.unionByName(part)
+            carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context,
+                                                          read_between(skipped, partitions, prior.context))
         else:  # a fresh stream everywhere: nothing to carry, the snapshot's own tables are the stream's
             carried_rows, carried_partitions = rows, partitions
         carried = {

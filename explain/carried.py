@@ -85,7 +85,8 @@ def continue_stream(
     prior_gaps = context.get("gap_positions") or 0
     prior_first_gap = as_vector(context.get("first_gap_lower_bound"))
     own_first_gap = as_vector(dump.get("first_gap_lower_bound"))
-    start_gap = max(dump["first_offset"] - prior_last - 1, 0)
+    # Positions read and skipped by rule between the state and S (``read_between``, from the reader) are not missing.
+    start_gap = max(dump["first_offset"] - prior_last - 1 - (context.get("read_between") or 0), 0)
     pre_history = as_vector(context.get("pre_history_bound"))
     if pre_history is None:  # a stream whose P is unknown takes S's first heartbeat vector
         pre_history = as_vector(dump.get("pre_history_bound"))

@@ -196,6 +196,29 @@ class SnapshotTables:
                 row["value"] = values.get((row["topic"], row["partition"], row["replica"], row["offset"]))
         return contexts, versions
 
+    def read_between(self, contexts: dict[tuple, dict], firsts: dict[tuple, int]) -> dict[tuple, int]:
+        """Per continued replica partition, the positions between its state's last offset and this dump's first row
+        that this snapshot or the predecessor read and skipped by rule (``raw_topic_skipped``): not gaps, as the
+        audit counts them (``pipelines/state/carry.py``, ``read_between``)."""
+        if not self.reader.exists("raw_topic_skipped"):
+            return {}
+        bounds = {part: (ctx["last_offset"], firsts[part]) for part, ctx in contexts.items() if part in firsts}
+        found: dict[tuple, set[int]] = {}
+        by_snapshot: dict[str, list[tuple]] = {self.snapshot_id: list(bounds)}
+        for part in bounds:
+            by_snapshot.setdefault(contexts[part]["snapshot_id"], []).append(part)
+        for snapshot_id, parts in sorted(by_snapshot.items()):
+            where = None
+            for replica, topic, partition in parts:
+                low, high = bounds[(replica, topic, partition)]
+                one = ((ds.field("replica") == replica) & (ds.field("topic") == topic)
+                       & (ds.field("partition") == partition) & (ds.field("offset") > low) & (ds.field("offset") < high))
+                where = one if where is None else where | one
+            rows = self.reader.read("raw_topic_skipped", snapshot_id, where, ["replica", "topic", "partition", "offset"])
+            for row in ([] if rows is None else rows.to_pylist()):
+                found.setdefault((row["replica"], row["topic"], row["partition"]), set()).add(row["offset"])
+        return {part: len(offsets) for part, offsets in found.items()}
+
     def is_venice(self) -> Optional[bool]:
         """True when raw Venice records were read (records skipped by rule: control messages, chunks); None when the
         snapshot skipped none, and each key's own values tell (``document.looks_like_venice``)."""
@@ -236,6 +259,10 @@ def explain_places(
             f"{', '.join(gone)} (dropped by state_retention, or removed); its verdicts stand in divergence_reports, "
             "but the versions they compared cannot be shown"
         )
+    if contexts:
+        firsts = {(r["replica"], *place): r["first_offset"] for place, rows in replicas.items() for r in rows}
+        for part, count in tables.read_between(contexts, firsts).items():
+            contexts[part] = {**contexts[part], "read_between": count}
     versions = tables.versions(places, keys)
     reports = tables.reports(places, keys)
     venice = tables.is_venice() if venice is None else venice

@@ -413,13 +413,20 @@ def watch_tick(context: dg.OpExecutionContext, spark: SparkResource, store: Delt
         **({"seconds_cut_to_audited": max(freshness)} if freshness else {}),
         "by_region": dg.MetadataValue.table(records=[dg.TableRecord(r) for r in rows], schema=_WATCH_COLUMNS),
     }
+    for result in results:
+        if result.seconds_cut_to_audited is not None:
+            # On the asset, per snapshot: the Plots tab of divergence_reports draws the freshness of every audit.
+            yield dg.AssetObservation(
+                asset_key="divergence_reports", partition=result.snapshot_id,
+                metadata={"seconds_cut_to_audited": result.seconds_cut_to_audited, "store": result.store},
+            )
     failed = [r for r in results if r.failed]
     if failed:
         raise dg.Failure(
             "; ".join(f"store {r.store}: {r.error}" for r in failed) + " (retried on the next tick)",
             metadata=metadata,
         )
-    return dg.Output([r.__dict__ for r in results], metadata=metadata)
+    yield dg.Output([r.__dict__ for r in results], metadata=metadata)
 
 
 @dg.job(

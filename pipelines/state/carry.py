@@ -108,6 +108,7 @@ __all__ = [
     "overlap_differences",
     "predecessors",
     "prior_state",
+    "read_between",
     "retained_states",
     "state_contexts",
     "version_hash",
@@ -116,7 +117,27 @@ __all__ = [
 
 
 # ---------------------------------------------------------------- carry over
-def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame) -> DataFrame:
+def read_between(skipped: DataFrame, partition_wm: DataFrame, prior_context: DataFrame) -> DataFrame:
+    """Per continued replica partition (``read_between``): the positions between the state's last offset and S's
+    first row that a snapshot read and skipped by rule (``raw_topic_skipped`` of S or of the predecessor: a value's
+    chunks, control messages other than heartbeats). Read, they are not gaps (SPEC 3a): a chain of broker cuts
+    (``replica-lens watch``) that ends one cut on a value's chunks, or on a control message, leaves no gap."""
+    rp = list(REPLICA_PARTITION)
+    bounds = partition_wm.select("snapshot_id", *rp, "first_offset").join(
+        prior_context.where(F.col("row_kind") == CONTEXT).select(
+            *rp, F.col("snapshot_id").alias("previous_snapshot_id"), F.col("last_offset").alias("prior_last_offset")),
+        on=rp, how="inner")
+    positions = skipped.select(F.col("snapshot_id").alias("skipped_in"), *rp, "offset")
+    return (
+        positions.join(F.broadcast(bounds), on=rp, how="inner")
+        .where((F.col("skipped_in") == F.col("snapshot_id")) | (F.col("skipped_in") == F.col("previous_snapshot_id")))
+        .where((F.col("offset") > F.col("prior_last_offset")) & (F.col("offset") < F.col("first_offset")))
+        .groupBy(*rp).agg(F.countDistinct("offset").cast(T.LongType()).alias("read_between"))
+    )
+
+
+def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame,
+                  between: DataFrame | None = None) -> DataFrame:
     """The snapshot's continued replica partitions with their stream-wide P, START_OF_PUSH and L(end)."""
     ctx = prior_context.where(F.col("row_kind") == CONTEXT).select(
         *REPLICA_PARTITION,
@@ -130,9 +151,17 @@ def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame) -> DataFram
     )
     # A stream whose P is still unknown takes the first heartbeat vector it meets: S's own P.
     pre_history = F.coalesce(F.col("prior_pre_history"), F.col("pre_history_bound"))
-    # S starting past the state's last offset leaves a gap between them (SPEC 3a); a verified overlap none.
-    start_gap = F.greatest(F.col("first_offset") - F.col("prior_last_offset") - 1, F.lit(0).cast(T.LongType()))
-    joined = partition_wm.join(ctx, on=list(REPLICA_PARTITION), how="inner").withColumn("start_gap", start_gap)
+    # S starting past the state's last offset leaves a gap between them (SPEC 3a); a verified overlap none. The
+    # positions there read and skipped by rule (``between``) are not missing.
+    joined = partition_wm.join(ctx, on=list(REPLICA_PARTITION), how="inner")
+    if between is not None:
+        joined = joined.join(between, on=list(REPLICA_PARTITION), how="left")
+    else:
+        joined = joined.withColumn("read_between", F.lit(None).cast(T.LongType()))
+    start_gap = F.greatest(
+        F.col("first_offset") - F.col("prior_last_offset") - 1 - F.coalesce(F.col("read_between"), F.lit(0)),
+        F.lit(0).cast(T.LongType()))
+    joined = joined.withColumn("start_gap", start_gap).drop("read_between")
     # The stream's first gap: in an earlier dump, between the state and S (L there is the state's L(end)), or in S.
     first_gap = F.coalesce(
         F.col("prior_first_gap"),
@@ -150,7 +179,8 @@ def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame) -> DataFram
 
 
 def carry_over(
-    row_wm: DataFrame, partition_wm: DataFrame, prior_versions: DataFrame, prior_context: DataFrame
+    row_wm: DataFrame, partition_wm: DataFrame, prior_versions: DataFrame, prior_context: DataFrame,
+    between: DataFrame | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """One snapshot's (``reconstructed_watermarks``, ``partition_watermarks``) continued from ``prior_context``.
 
@@ -158,10 +188,11 @@ def carry_over(
     predecessors, e.g. ``PriorState.context``), ``prior_versions`` their VERSION rows
     (rows of other contexts are ignored). S's rows at or below a context's ``last_offset``
     (a verified overlap) are left out. Replica partitions without a context pass
-    through unchanged. The output has exactly the input schemas (see the module docstring).
+    through unchanged. The output has exactly the input schemas (see the module docstring). ``between``
+    (``read_between``): the positions between a state and S that were read and skipped, not gaps.
     """
     rp = list(REPLICA_PARTITION)
-    facts = _stream_facts(partition_wm, prior_context)
+    facts = _stream_facts(partition_wm, prior_context, between)
     stream = facts.select(
         "snapshot_id", *rp, "previous_snapshot_id", "prior_end", "prior_last_offset", "stream_pre_history",
         "stream_end", "start_gap", "prior_gap_positions", "missing_before_snapshot",
