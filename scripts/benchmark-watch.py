@@ -31,7 +31,9 @@ after a warm-up audit of the whole history (so the JIT has compiled every audit 
 the same start-up to both sides and flatter the ratio): the whole history in a fresh warehouse (``full_s``), the
 first 99% (untimed figure) then the last 1% incrementally (``incremental_99_s``), the first 50% then the 1% after
 it (``incremental_50_s``), and the last 1% alone in a fresh warehouse (``lone_1pct_s``: the fixed cost of an audit,
-no carried state). Ratios ``incremental / full``; goal: well under a third.
+no carried state), then the whole history once more (``full_again_s``: the machine's load moves within a run).
+Ratios ``incremental / full`` (the mean of the two full audits) and ``incremental_99_to_first99`` (against the audit
+of the first 99%, run just before it); goal: well under a third.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/benchmark-watch.py --json bench-results/watch.json
     # quick: a small history for B, a short production for A
@@ -40,6 +42,7 @@ no carried state). Ratios ``incremental / full``; goal: well under a third.
 from __future__ import annotations
 
 import argparse
+import base64
 import dataclasses
 import json
 import os
@@ -258,6 +261,7 @@ def time_to_proof(args, spark, settings: dict, work: Path) -> dict:
             k = (r["topic"], r["partition"], r["key"])
             first[k] = min(first.get(k, r["snapshot_id"]), r["snapshot_id"])
     streams = _streams(warehouse)
+    injected = {(f["partition"], f["key"]) for f in truth["injected_faults"]}
     keys = []
     for (t, p, key), sid in sorted(first.items()):
         best = None
@@ -275,7 +279,12 @@ def time_to_proof(args, spark, settings: dict, work: Path) -> dict:
             enabling = max(sides)
             if best is None or enabling[0] < best[0]:
                 best = enabling
-        entry = {"topic": t, "partition": p, "key": key, "snapshot_id": sid}
+        entry = {"topic": t, "partition": p, "key": key, "snapshot_id": sid, "injected": False}
+        try:  # the simulator's keys are plain strings; the report shows a raw Venice key as base64
+            text = base64.b64decode(key).decode("utf-8")
+            entry.update(key_text=text, injected=(p, text) in injected)
+        except ValueError:
+            pass
         if best is not None:
             delivered, replica, offset, kind = best
             entry.update(enabling_record={"replica": replica, "offset": offset, "kind": kind},
@@ -294,7 +303,8 @@ def time_to_proof(args, spark, settings: dict, work: Path) -> dict:
         "ticks": ticks, "snapshots_audited": len(audits),
         "audit_median_s": round(median_audit, 2) if median_audit is not None else None,
         "audit_max_s": max(audit_seconds, default=None),
-        "keys_proven": len(keys), "keys_located": len(latencies),
+        "keys_proven": len(keys), "injected_faults_proven": sum(k["injected"] for k in keys),
+        "keys_located": len(latencies),
         "enabling_heartbeats": sum(1 for k in keys if k.get("enabling_record", {}).get("kind") == "HEARTBEAT"),
         "latency_median_s": round(statistics.median(latencies), 2) if latencies else None,
         "latency_max_s": max(latencies, default=None),
@@ -374,8 +384,12 @@ def incremental_cost(args, spark, settings: dict, work: Path) -> dict:
         timed("first50", "first50", "w-50")
         inc50 = timed("incremental_50", "after50", "w-50")
         timed("lone_1pct", "last1", "w-lone")
+        # The machine's load moves within a run: the full audit once more, last; the ratios take the mean of both.
+        full = (full + timed("full_again", "full", "w-full-again")) / 2
+    figures["full_mean_s"] = round(full, 2)
     figures["incremental_99_to_full"] = round(inc99 / full, 3)
     figures["incremental_50_to_full"] = round(inc50 / full, 3)
+    figures["incremental_99_to_first99"] = round(inc99 / figures["first99_s"], 3)
     figures["goal"] = "incremental_99_to_full well under 1/3"
     return figures
 
