@@ -15,6 +15,7 @@ os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
 # these go first and short files fill in at the end: no long file starts last and runs alone
 # while the other worker is idle. Only the order changes; a file missing here runs after them.
 LONGEST_FIRST = (
+    "test_watch.py",
     "test_incremental.py",
     "test_reliability.py",
     "test_state_bounded.py",
