@@ -14,6 +14,7 @@ import base64
 import json
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,43 +67,50 @@ def _wait_for_cleaner(clusters, topic: str, partitions: int, timeout_s: float = 
 
 
 def _produce_history(clusters, snapshot: Path) -> None:
-    from confluent_kafka import Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
     bootstrap = {region: node.bootstrap for region, node in clusters.nodes.items()}
     produce_snapshot(str(snapshot), bootstrap)  # store_v1, at the simulator's offsets
     files = kafka_files(str(snapshot))
-    for region in bootstrap:
-        for topic, config in (("compact_v1", COMPACT), ("txn_v1", {"retention.ms": "-1"}),
-                              ("head_v1", {"retention.ms": "-1"})):
-            create_topic(bootstrap[region], topic, HISTORY["partitions"], config)
-        producer = Producer(producer_config(bootstrap[region]))
-        for (r, _, partition), paths in sorted(files.items()):
-            if r != region:
-                continue
-            rows = partition_rows(paths)
-            # compact_v1: in slices, a segment rolled between them (segment.ms), so that the cleaner has
-            # closed segments to compact.
-            for i in range(0, len(rows), 150):
-                assert not produce_rows(producer, "compact_v1", partition, rows[i:i + 150])
-                time.sleep(0.06)
-            assert not produce_rows(producer, "head_v1", partition, rows)
-            half = len(rows) // 2
-            assert not produce_rows(producer, "txn_v1", partition, rows[:half])
-            junk = [{"key": b"junk", "value": b"never committed", "offset": -1}] * ABORTED
-            transaction(bootstrap[region], f"abort-{region}-{partition}", "txn_v1", partition, junk, commit=False)
-            transaction(bootstrap[region], f"commit-{region}-{partition}", "txn_v1", partition, rows[half:],
-                        commit=True)
-        # roll the last compact_v1 segment that holds data: one more record after segment.ms
-        time.sleep(0.06)
-        for partition in range(HISTORY["partitions"]):
-            assert not produce_rows(producer, "compact_v1", partition, [files_last(files, region, partition)],
-                                    offsets=False)
-        admin = AdminClient({"bootstrap.servers": bootstrap[region]})
-        futures = admin.delete_records([TopicPartition("head_v1", p, HEAD) for p in range(HISTORY["partitions"])])
-        for future in futures.values():
-            future.result(30)
+    # Each region's cluster is a broker of its own: the regions are written at once (topic creations, the
+    # transaction coordinators' start and the acknowledgements overlap; each partition is still written in order).
+    with ThreadPoolExecutor(len(bootstrap), thread_name_prefix="produce") as regions:
+        for written in [regions.submit(_produce_region, bootstrap[region], region, files) for region in bootstrap]:
+            written.result()
     _wait_for_cleaner(clusters, "compact_v1", HISTORY["partitions"])
+
+
+def _produce_region(bootstrap: str, region: str, files: dict) -> None:
+    """compact_v1, txn_v1 and head_v1 in one region's cluster, from the region's simulated partitions."""
+    from confluent_kafka import Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    for topic, config in (("compact_v1", COMPACT), ("txn_v1", {"retention.ms": "-1"}),
+                          ("head_v1", {"retention.ms": "-1"})):
+        create_topic(bootstrap, topic, HISTORY["partitions"], config)
+    producer = Producer(producer_config(bootstrap))
+    for (r, _, partition), paths in sorted(files.items()):
+        if r != region:
+            continue
+        rows = partition_rows(paths)
+        # compact_v1: in slices, a segment rolled between them (segment.ms), so that the cleaner has
+        # closed segments to compact.
+        for i in range(0, len(rows), 150):
+            assert not produce_rows(producer, "compact_v1", partition, rows[i:i + 150])
+            time.sleep(0.06)
+        assert not produce_rows(producer, "head_v1", partition, rows)
+        half = len(rows) // 2
+        assert not produce_rows(producer, "txn_v1", partition, rows[:half])
+        junk = [{"key": b"junk", "value": b"never committed", "offset": -1}] * ABORTED
+        transaction(bootstrap, f"abort-{region}-{partition}", "txn_v1", partition, junk, commit=False)
+        transaction(bootstrap, f"commit-{region}-{partition}", "txn_v1", partition, rows[half:], commit=True)
+    # roll the last compact_v1 segment that holds data: one more record after segment.ms
+    time.sleep(0.06)
+    for partition in range(HISTORY["partitions"]):
+        assert not produce_rows(producer, "compact_v1", partition, [files_last(files, region, partition)],
+                                offsets=False)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.delete_records([TopicPartition("head_v1", p, HEAD) for p in range(HISTORY["partitions"])])
+    for future in futures.values():
+        future.result(30)
 
 
 def files_last(files, region: str, partition: int) -> dict:
@@ -118,10 +126,6 @@ def broker_history(spark, kafka_clusters, tmp_path_factory):
     warehouse = tmp_path_factory.mktemp("kafka-warehouse")
     simulate(str(landing), "files", SimulationConfig(**HISTORY))
     truth = json.loads((landing / "files.ground_truth.json").read_text())["venice"]
-    _produce_history(kafka_clusters, landing / "files")
-    request = DumpRequest({r: n.bootstrap for r, n in kafka_clusters.nodes.items()},
-                          ("store_v1", "compact_v1", "txn_v1", "head_v1"))
-    summary = dump(request, str(landing), "broker", spark=spark)
     # Compaction (the control messages of a producer share a Kafka key) and deleteRecords both remove the
     # START_OF_PUSH: the operator names the version's settings (docs/venice-input.md), as here.
     settings = venice_push_settings(SimulationConfig(**HISTORY))
@@ -132,9 +136,18 @@ def broker_history(spark, kafka_clusters, tmp_path_factory):
     decode = {"cluster_regions": truth["cluster_regions"], "venice_clock_uncertainty_ms": truth["clock_uncertainty_ms"],
               "venice_push_settings": str(push_file)}
     audits = {}
-    for sid in ("files", "broker"):
-        audits[sid] = run_audit(sid, str(landing), str(warehouse), **SETTINGS, **decode)
-        assert audits[sid].success, audits[sid].error
+    # The brokers are written while the simulated files are audited (the producers wait on the brokers, the audit
+    # on Spark): the files' audit reads only their own folder, the dump only what the brokers hold once written.
+    with ThreadPoolExecutor(1, thread_name_prefix="brokers") as background:
+        produced = background.submit(_produce_history, kafka_clusters, landing / "files")
+        audits["files"] = run_audit("files", str(landing), str(warehouse), **SETTINGS, **decode)
+        produced.result()
+    request = DumpRequest({r: n.bootstrap for r, n in kafka_clusters.nodes.items()},
+                          ("store_v1", "compact_v1", "txn_v1", "head_v1"))
+    summary = dump(request, str(landing), "broker", spark=spark)
+    audits["broker"] = run_audit("broker", str(landing), str(warehouse), **SETTINGS, **decode)
+    for sid, audit in audits.items():
+        assert audit.success, (sid, audit.error)
     return DeltaStore(warehouse_root=str(warehouse)), landing, summary["cut"], audits
 
 

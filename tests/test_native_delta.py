@@ -62,11 +62,22 @@ def delta_spark(spark):
     listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
     listing_before = spark.conf.get(listing)
     spark.conf.set(listing, "2")
+    # Delta rebuilds a table's state (its log replayed) in a Spark job of this many tasks whenever it reads,
+    # writes, optimizes or vacuums a version it has not cached; the default, 50, is sized for logs of thousands
+    # of files. A test table has a few commits: one task gives the same state (most of this module's time went
+    # to those 50-task jobs: its fixture took 196 s alone, 40 s with one task).
+    state_tasks = "spark.databricks.delta.snapshotPartitions"
+    state_tasks_before = spark.conf.get(state_tasks, None)
+    spark.conf.set(state_tasks, "1")
     try:
         yield spark
     finally:
         interpret_by_default(spark)
         spark.conf.set(listing, listing_before)
+        if state_tasks_before is None:
+            spark.conf.unset(state_tasks)
+        else:
+            spark.conf.set(state_tasks, state_tasks_before)
         if before is None:
             spark.conf.unset(RETENTION_CHECK)
         else:

@@ -386,6 +386,26 @@ def _number(value: Any) -> re.Pattern:
     return re.compile(rf"^\s*({n}|{n:,})\s*$")
 
 
+def follow(page: Any, link: Any, url_glob: str, attempts: int = 3) -> None:
+    """Clicks ``link`` until the page's URL matches ``url_glob``.
+
+    On a loaded machine Dagster's UI may still be routing its home page (its own redirect) when the
+    first click lands: the click's navigation is then replaced and never reaches the URL waited for
+    (CI saw a 60 s timeout on the left menu's "Lineage"). A click on a menu link is idempotent, so it
+    is repeated; a link that never leads to ``url_glob`` still fails, after ``attempts`` clicks.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for attempt in range(1, attempts + 1):
+        link.click()
+        try:
+            page.wait_for_url(url_glob, timeout=UI_TIMEOUT_MS // attempts)
+            return
+        except PlaywrightTimeout:
+            if attempt == attempts:
+                raise
+
+
 def capture_ui(
     dev: DagsterDev, run_id: str, snapshot_id: str, metadata: dict[str, Any], out_dir: Path
 ) -> tuple[Path, Path]:
@@ -416,8 +436,7 @@ def capture_ui(
             # The global lineage: "Lineage" in the left menu (as the docs say), which starts with every group
             # collapsed; Alt+E is the explorer's "Expand all groups" and records the open groups in the URL.
             page.goto(dev.base_url)
-            page.locator('a[href="/asset-groups"]', has_text=NAV_LINEAGE).first.click()
-            page.wait_for_url("**/asset-groups**")
+            follow(page, page.locator('a[href="/asset-groups"]', has_text=NAV_LINEAGE).first, "**/asset-groups**")
             expect(page.get_by_text("Global asset lineage").first).to_be_visible()
             graph = page.locator("svg foreignObject")
             expect(graph.first).to_be_visible()
@@ -508,10 +527,8 @@ def launch_explain_key(dev: DagsterDev, out_dir: Path) -> str:
         page.set_default_timeout(UI_TIMEOUT_MS)
         try:
             page.goto(dev.base_url)
-            page.locator('a[href="/jobs"]', has_text=NAV_JOBS).first.click()
-            page.wait_for_url("**/jobs**")
-            page.get_by_text(EXPLAIN_JOB, exact=True).first.click()
-            page.wait_for_url(f"**/jobs/{EXPLAIN_JOB}**")
+            follow(page, page.locator('a[href="/jobs"]', has_text=NAV_JOBS).first, "**/jobs**")
+            follow(page, page.get_by_text(EXPLAIN_JOB, exact=True).first, f"**/jobs/{EXPLAIN_JOB}**")
             page.get_by_text(LAUNCHPAD_TAB, exact=True).first.click()
             page.wait_for_url("**/playground**")
             editor = page.locator(".CodeMirror").first
