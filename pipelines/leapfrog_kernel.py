@@ -341,7 +341,11 @@ def _state_versions(
 
 
 def _state_sums(versions: pa.Table, columns: dict[str, pa.Array], schema: pa.Schema) -> pa.RecordBatch:
-    """Per replica partition among ``versions``: its rows and its share of the checksum (summed on the driver)."""
+    """Per replica partition among ``versions``: its rows and its share of the checksum (summed on the driver).
+
+    None written (a task holding only keys of absent replica partitions, whose state is not written): no row."""
+    if not versions.num_rows:
+        return _batch({}, 0, schema)
     hashes = row_hashes(versions, VERSION_COLUMNS)
     part, replica = columns["part_id"].to_numpy(), columns["replica_id"].to_numpy()
     order = np.lexsort((replica, part))

@@ -943,9 +943,9 @@ ABSENT_B = stream(B, ABSENT, [sop(), put("k", "x1", A, 0),  # c1: 0..1
 ABSENT_CUTS = {"c2": {A: (4, 4, "brokers did not answer"), B: (2, 5, None)}, "c3": {A: (4, 6, None), B: (5, 5, None)}}
 
 
-def cut_file(snapshot_id: str, previous: str, cut: dict[str, tuple]) -> str:
+def cut_file(snapshot_id: str, previous: str, cut: dict[str, tuple], topic: str = ABSENT) -> str:
     """A ``_cut.json`` as ``replica-lens watch`` writes it (``pipelines/venice/kafka_dump.py``, ``cut_document``)."""
-    partitions = [{"region": region, "topic": ABSENT, "partition": 0, "start": s, "end": e, "log_start": 0,
+    partitions = [{"region": region, "topic": topic, "partition": 0, "start": s, "end": e, "log_start": 0,
                    "delivered": e - s, "cleanup_policy": "delete", "not_delivered": 0, "broker_end": e,
                    "skipped": skipped} for region, (s, e, skipped) in sorted(cut.items())]
     return json.dumps({"snapshot_id": snapshot_id, "cut_at": "2026-01-01T00:00:00.000+00:00",
@@ -1050,3 +1050,42 @@ def test_explain_of_a_key_proven_with_an_absent_replicas_carried_state_agrees_wi
     (absent,) = [r for r in doc["replicas"] if r.get("absent")]
     assert absent["replica"] == A and absent["carried_from"]["previous_snapshot_id"] == "c1"
     assert "no rows in this snapshot" in render_text(doc)
+
+
+# dc-a's keys m1..m7 are in its state only (dc-b holds m0 alone); in the second cut dc-a is absent and dc-b's heartbeat
+# says it applied a:8: dc-b lost m1..m7, proven MISSING from dc-a's carried state. Run in Spark's Python workers
+# without coalescing, some task holds only keys of the absent dc-a, whose state is not written again.
+ONLY_A = "absent_keys"
+ONLY_A_C1 = stream(A, ONLY_A, [sop(), *[put(f"m{i}", f"v{i}", A, i) for i in range(8)]]) + stream(
+    B, ONLY_A, [sop(), put("m0", "v0", A, 0)])
+ONLY_A_C2 = stream(B, ONLY_A, [heartbeat(A, 8, {A: 8})], first_offset=2)
+
+
+def test_the_pass_in_spark_workers_writes_no_state_of_an_absent_replica_partition(spark):
+    """Catches the pass writing the absent replica's versions into the state (or counting them in a context), a
+    task holding only its keys failing on an empty state, and the state the pass writes differing from Spark's."""
+    from pipelines.state.absent import absent_dumps, absent_watermarks
+    from pipelines.venice.kafka_dump import cut_rows
+
+    c1 = audit(spark, ONLY_A_C1, "k1")
+    row_wm, part_wm = stage(spark, ONLY_A_C2, "k2")
+    cut = cut_rows(cut_file("k2", "k1", {A: (9, 9, "brokers did not answer"), B: (2, 3, None)}, ONLY_A), "k2")
+    absent = absent_dumps(spark.createDataFrame(cut, struct_for("broker_cuts")), part_wm)
+    raw = raw_frame(spark, ONLY_A_C1, "k1").unionByName(raw_frame(spark, ONLY_A_C2, "k2"))
+    prior = prior_state(c1.state, part_wm, "k2", raw, absent=absent)
+    assert [(link["replica"], link["absent"]) for link in prior.links] == [(A, True), (B, False)]
+    parts = part_wm.unionByName(absent_watermarks(absent, prior.context))
+    rows, parts = carry_over(row_wm, parts, prior.versions, prior.context)
+    coalescing = spark.conf.get("spark.sql.adaptive.coalescePartitions.enabled")
+    spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+    try:
+        comparison, state = compared_with_state(spark, rows.localCheckpoint(eager=True), parts, prior, "k2")
+        reports = [r.asDict() for r in comparison.reports.collect()]
+    finally:
+        spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", coalescing)
+    assert {r["replica"] for r in state.collect()} == {B}
+    assert state_rows(state) == state_rows(next_state(rows, parts, prior.versions, prior.context))
+    got = {(r["replica_a"], r["replica_b"], r["key"]): r["verdict"] for r in reports}
+    assert got == {(A, B, f"m{i}"): "MISSING" for i in range(1, 8)}
+    whole = ONLY_A_C1 + ONLY_A_C2
+    assert got == {k[2:]: f.verdict for k, f in reference_verdicts(whole).items() if f.verdict != "CONSISTENT"}
