@@ -19,6 +19,12 @@ The offsets between the predecessor's ``last_offset`` and S's first offset are t
 hold no version-topic row (version-topic offsets may skip); the dumps are trusted to be
 of one log when their (replica, topic, partition) match.
 
+Absent replica partitions. A broker snapshot's cut may list a replica partition S holds no
+rows of (``pipelines/state/absent.py``): its "dump" starts at the cut's ``s`` and reads nothing,
+and the same rule chooses its predecessor (the greatest ``last_offset`` below ``s``), so later
+snapshots' states (from ``s`` on) never change the choice. One without a predecessor is not
+compared and refuses nothing: S read nothing of it.
+
 Overlapping dumps. Dump tools re-read a little of what they dumped last time. When S's
 offsets intersect exactly one context's ``first_offset..last_offset``, and S starts
 inside it and ends past it (``first_offset < S's first <= last_offset < S's last``),
