@@ -4,7 +4,10 @@ A snapshot whose dumps continue earlier ones is compared with the state carried 
 from them (``pipelines/state/carry.py``); the state after it is written last, in one commit.
 The state it continues is chosen and checked first, and a dump that overlaps it is verified
 against the predecessor's raw rows (``pipelines/state/prior.py``); ``carried_from`` says,
-per replica partition, which overlap was verified.
+per replica partition, which overlap was verified. A replica partition the snapshot's broker cut
+lists without rows in it (``broker_cuts``; ``pipelines/state/absent.py``) is compared on its
+carried state, and its state is not written again (``absent_partitions``, ``absent`` in
+``carried_from``); a snapshot of files has no such rows, and reads nothing more.
 
 Reading the state stays bounded: only the CONTEXT rows of every snapshot's state are read
 to choose the predecessors (a Parquet filter skips the VERSION rows), then only the chosen
@@ -38,6 +41,7 @@ from assets.previews import divergence_by_pair
 from assets.tables import StepTables, matching_rows, read_stage, schema_check_spec
 from pipelines.frames import computed_once
 from pipelines.leapfrog import compare, comparison_layout, state_files
+from pipelines.state.absent import absent_dumps, absent_watermarks
 from pipelines.state.carry import carried_versions, carry_over, contexts_from_sums, read_between
 from pipelines.state.prior import PriorState, StateRefused, no_prior_state, prior_state, retained_states
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION
@@ -84,16 +88,28 @@ def read_states(session: SparkSession, store: DeltaStore, snapshot_ids: list[str
 
 
 def load_prior_state(
-    session: SparkSession, store: DeltaStore, partitions: DataFrame, snapshot_id: str, contexts: DataFrame | None = None
+    session: SparkSession, store: DeltaStore, partitions: DataFrame, snapshot_id: str, contexts: DataFrame | None = None,
+    absent: DataFrame | None = None,
 ) -> PriorState:
-    """``prior_state`` of ``snapshot_id`` from the store: every state's contexts, the chosen predecessors' rows."""
+    """``prior_state`` of ``snapshot_id`` from the store: every state's contexts, the chosen predecessors' rows.
+
+    ``absent``: ``absent_dumps`` of the snapshot's broker cut (``cut_absences``), continued too."""
     return prior_state(
         state_contexts(session, store) if contexts is None else contexts,
         partitions,
         snapshot_id,
         read_stage(session, store, "raw_topic_snapshots", None),
         read_states=lambda ids: read_states(session, store, ids),
+        absent=absent,
     )
+
+
+def cut_absences(session: SparkSession, store: DeltaStore, partitions: DataFrame, snapshot_id: str) -> DataFrame | None:
+    """The replica partitions the snapshot's broker cut lists without rows in it (``absent_dumps``), or None for a
+    snapshot of files: the Delta log says whether ``broker_cuts`` holds rows of it, so a file snapshot reads nothing."""
+    if not store.snapshot_rows("broker_cuts", [snapshot_id]):
+        return None
+    return computed_once(absent_dumps(read_stage(session, store, "broker_cuts", snapshot_id), partitions))
 
 
 def retention_plan(contexts: DataFrame, written: DataFrame, snapshot_id: str, keep: int) -> tuple[list[str], dict]:
@@ -126,7 +142,8 @@ def check_state_retention(keep: Optional[int]) -> Optional[int]:
             group_name=GROUP,
             kinds=KINDS,
             # raw_topic_snapshots: a dump that overlaps the state it continues is verified against it.
-            deps=["reconstructed_watermarks", "partition_watermarks", "raw_topic_snapshots"],
+            # broker_cuts: a replica partition the cut lists without rows in the snapshot is compared on its state.
+            deps=["reconstructed_watermarks", "partition_watermarks", "raw_topic_snapshots", "broker_cuts"],
             description="Every key that is not CONSISTENT between two replicas, with its verdict and witness (SPEC 4).",
             owners=["team:replication"],
         ),
@@ -134,14 +151,14 @@ def check_state_retention(keep: Optional[int]) -> Optional[int]:
             "divergence_summary",
             group_name=GROUP,
             kinds=KINDS,
-            deps=["reconstructed_watermarks", "partition_watermarks"],
+            deps=["reconstructed_watermarks", "partition_watermarks", "broker_cuts"],
             description="Keys per verdict for each replica pair, topic and partition.",
         ),
         dg.AssetSpec(
             "replica_state",
             group_name=GROUP,
             kinds=KINDS,
-            deps=["reconstructed_watermarks", "partition_watermarks", "raw_topic_snapshots"],
+            deps=["reconstructed_watermarks", "partition_watermarks", "raw_topic_snapshots", "broker_cuts"],
             description="Each key's last version and a commit context per replica partition, for the next snapshot.",
         ),
     ],
@@ -173,12 +190,17 @@ def divergence_reports(
             # Every snapshot's contexts but this one's: re-materializing it starts from the state before it. Only the
             # chosen predecessors' partitions are read whole. The raw rows are read only where a dump overlaps the
             # state it continues, to verify the overlap.
+            # A replica partition the broker cut lists without rows here is compared on its carried state.
+            absent = cut_absences(session, store, partitions, snapshot_id) if contexts is not None else None
             prior = (
-                load_prior_state(session, store, partitions, snapshot_id, contexts)
+                load_prior_state(session, store, partitions, snapshot_id, contexts, absent)
                 if contexts is not None else no_prior_state(session)
             )
         except StateRefused as refused:
             raise dg.Failure(description=str(refused), allow_retries=False) from refused
+        if prior.absent:
+            # Their partition_watermarks rows, made from the state each continues (rows 0: nothing read here).
+            partitions = partitions.unionByName(absent_watermarks(absent, prior.context))
         if prior.links:
             # The positions between each state and this dump read and skipped by rule (chunks, control messages),
             # in this snapshot or its predecessors: not gaps.
@@ -193,6 +215,8 @@ def divergence_reports(
         carried = {
             "carried_partitions": len(prior.links),
             "carried_versions": prior.carried_versions,
+            # Of those, the replica partitions without rows here, compared on their carried state only.
+            "absent_partitions": len(prior.absent),
             "previous_snapshot_ids": dg.MetadataValue.json(prior.previous_snapshot_ids),
             "carried_from": dg.MetadataValue.json(prior.links),
         }

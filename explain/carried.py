@@ -69,6 +69,20 @@ class Stream:
         }
 
 
+def absent_dump(context: dict, snapshot_id: str) -> dict:
+    """The ``partition_watermarks`` row the audit makes for a replica partition its broker cut lists without rows in
+    the snapshot (``pipelines/state/absent.py``, ``absent_watermarks``), from the CONTEXT row it continues: a dump
+    right after the state that read nothing (``rows`` 0, no bounds of its own, no gap)."""
+    return {
+        "snapshot_id": snapshot_id, "replica": context["replica"], "topic": context["topic"],
+        "partition": context["partition"], "first_offset": context["last_offset"] + 1,
+        "last_offset": context["last_offset"], "starts_with_sop": False, "pre_history_bound": None,
+        "pre_history_known": False, "end_lower_bound": {}, "rows": 0, "puts": 0, "deletes": 0, "heartbeats": 0,
+        "gaps": 0, "gap_positions": 0, "first_gap_offset": None, "last_gap_offset": None,
+        "first_gap_lower_bound": None, "absent": True,
+    }
+
+
 def continue_stream(
     dump: dict, context: dict, carried: Optional[dict], rows: list[dict]
 ) -> tuple[Stream, list[dict]]:

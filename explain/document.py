@@ -241,6 +241,8 @@ def _replica(inp: ReplicaInput, heartbeats: Optional[list[dict]]) -> dict:
         },
         "versions": versions,
     }
+    if dump.get("absent"):  # no rows in the snapshot: compared on its carried state only (explain/carried.py)
+        out["absent"] = True
     if heartbeats is not None:
         out["heartbeats"] = _window(versions, heartbeats)
     return out

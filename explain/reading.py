@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from explain.carried import continue_stream
+from explain.carried import absent_dump, continue_stream
 from explain.document import ReplicaInput, explain
 from resources.delta_reader import TableReader
 from resources.errors import UsageError
@@ -160,6 +160,47 @@ class SnapshotTables:
         return {place: {r["replica"]: r["previous_snapshot_id"] for r in rows if r["previous_snapshot_id"] is not None}
                 for place, rows in found.items()}
 
+    def absent_from(self, replicas: dict[Place, list[dict]]) -> dict[Place, dict[str, str]]:
+        """Per place, the replicas compared on their carried state only (the broker cut lists them, the snapshot has
+        no rows of them: ``pipelines/state/absent.py``): the snapshot whose state each continued.
+
+        The audit wrote no context of them in this snapshot; the ones it compared are named in its
+        ``divergence_summary``, and each continued the context with the greatest ``last_offset`` below the cut's ``s``
+        among the other snapshots' (the predecessor rule). ``StateNotKept`` when that state is gone."""
+        if not self.reader.exists("broker_cuts") or not self.reader.exists("divergence_summary"):
+            return {}
+        places = set(replicas)
+        cuts = self._rows_of("broker_cuts", places, ds.field("start_offset") >= 0, ["region", "start_offset"])
+        listed = {(place, c["region"]): c["start_offset"] for place, rows in cuts.items() for c in rows
+                  if c["region"] not in {r["replica"] for r in replicas[place]}}
+        if not listed:
+            return {}
+        pairs = self._rows_of("divergence_summary", places, ds.field("keys_compared") >= 0, ["replica_a", "replica_b"])
+        compared = {(place, r[side]) for place, rows in pairs.items() for r in rows for side in ("replica_a", "replica_b")}
+        wanted = {part: start for part, start in listed.items() if part in compared}
+        if not wanted:
+            return {}
+        where = ((ds.field("row_kind") == "CONTEXT") & (ds.field("snapshot_id") != self.snapshot_id)
+                 & ds.field("topic").isin(sorted({place[0] for place, _ in wanted})))
+        found = self.reader.read_all("replica_state", where, ["snapshot_id", "replica", "topic", "partition",
+                                                              "last_offset"])
+        contexts = [] if found is None else found.to_pylist()
+        out: dict[Place, dict[str, str]] = {}
+        for (place, replica), start in sorted(wanted.items()):
+            below = [c for c in contexts if (c["topic"], c["partition"]) == place and c["replica"] == replica
+                     and c["last_offset"] < start]
+            best = max((c["last_offset"] for c in below), default=None)
+            chosen = sorted({c["snapshot_id"] for c in below if c["last_offset"] == best})
+            if len(chosen) != 1:
+                raise StateNotKept(
+                    f"snapshot {self.snapshot_id} compared {replica}/{place[0]}/{place[1]} (not read in its cut) on a "
+                    f"carried state that the warehouse no longer tells apart ({len(chosen)} state(s) end last below "
+                    f"offset {start}); its verdicts stand in divergence_reports, but the versions they compared "
+                    "cannot be shown"
+                )
+            out.setdefault(place, {})[replica] = chosen[0]
+        return out
+
     def carried_state(
         self, carried: dict[Place, dict[str, str]], keys: Iterable[str]
     ) -> tuple[dict[tuple, dict], dict[tuple, dict]]:
@@ -250,6 +291,9 @@ def explain_places(
     gaps = tables.gap_rows(gapped) if gapped else {}
     beats = tables.heartbeats(places) if heartbeats else {}
     carried = tables.carried_from(places)
+    absent = tables.absent_from(replicas)  # compared on their carried state only: no rows in the snapshot
+    for place, replicas_absent in absent.items():
+        carried[place] = {**carried.get(place, {}), **replicas_absent}
     contexts, carried_versions = tables.carried_state(carried, keys) if carried else ({}, {})
     gone = sorted(f"{replica}/{topic}/{partition} (state of {previous})" for (topic, partition), replicas in carried.items()
                   for replica, previous in replicas.items() if (replica, topic, partition) not in contexts)
@@ -259,6 +303,9 @@ def explain_places(
             f"{', '.join(gone)} (dropped by state_retention, or removed); its verdicts stand in divergence_reports, "
             "but the versions they compared cannot be shown"
         )
+    for place, replicas_absent in absent.items():  # as the audit made them, from the state each continued
+        made = [absent_dump(contexts[(replica, *place)], tables.snapshot_id) for replica in replicas_absent]
+        replicas[place] = sorted([*replicas[place], *made], key=lambda r: r["replica"])
     if contexts:
         firsts = {(r["replica"], *place): r["first_offset"] for place, rows in replicas.items() for r in rows}
         for part, count in tables.read_between(contexts, firsts).items():

@@ -252,6 +252,14 @@ def _gap_range(gap: dict) -> str:
 def dump_sentence(replica: dict) -> str:
     """The replica partition's dump: offsets, how it starts, P and L(end), its gaps with every range."""
     dump = replica["dump"]
+    stream = replica.get("carried_from")
+    if replica.get("absent") and stream:  # the broker cut read nothing of it: its carried state is the stream
+        return (
+            f"dump: no rows in this snapshot (its broker cut read nothing of it): compared on the state of snapshot "
+            f"{stream['previous_snapshot_id']} (up to offset {stream['previous_last_offset']}), the key's last "
+            f"version carried from it with the stream's bounds (P={vector_text(stream['stream_pre_history_bound'])}, "
+            f"L(end)={vector_text(stream['stream_end_lower_bound'])})."
+        )
     start = "starts with START_OF_PUSH (⊥ first)" if dump["starts_with_start_of_push"] else "starts mid-stream"
     if dump["gaps"]:
         gaps = (f"{dump['gaps']} gap(s), {dump['gap_positions']} position(s) missing: "
@@ -259,7 +267,6 @@ def dump_sentence(replica: dict) -> str:
     else:
         gaps = "no gaps"
     carried = ""
-    stream = replica.get("carried_from")
     if stream:
         between = stream["gap_before_snapshot"]
         carried = (

@@ -92,6 +92,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
+from pipelines.state.absent import written_in_state
 from pipelines.state.arrow_checksum import row_hashes
 from pipelines.state.carry import carried_versions, kept_where_gapped
 from pipelines.state.rows import LAST_VERSION_COLUMNS, VERSION, VERSION_COLUMNS
@@ -139,6 +140,9 @@ class ComparisonLayout:
     replica_partitions: list[tuple]
     pairs: list[tuple]  # (*PAIR, pair_id, sop_a, sop_b)
     plans: list[PairPlan]
+    # (part_id, replica_id) of the replica partitions compared on their carried state only (no rows in the snapshot:
+    # pipelines/state/absent.py), whose state the pass does not write again.
+    absent: frozenset = frozenset()
 
     @property
     def gaps(self) -> bool:
@@ -155,7 +159,8 @@ def _bottom_end(dump) -> dict:
 def comparison_layout(partition_wm: DataFrame) -> ComparisonLayout:
     """Every pair of replicas holding the same topic partition, from one collect of ``partition_wm``."""
     dumps = partition_wm.select(
-        *REPLICA_PARTITION, "starts_with_sop", "end_lower_bound", "pre_history_bound", "first_gap_lower_bound"
+        *REPLICA_PARTITION, "starts_with_sop", "end_lower_bound", "pre_history_bound", "first_gap_lower_bound",
+        (~written_in_state()).alias("absent"),
     ).collect()
     # Every region some U can name: the keys of L(end) and P (a superset is safe: a region no
     # vector names compares -1 <= anything).
@@ -163,13 +168,15 @@ def comparison_layout(partition_wm: DataFrame) -> ComparisonLayout:
     by_part: dict[tuple, list] = {}
     for dump in dumps:
         by_part.setdefault(tuple(dump[c] for c in PART), []).append(dump)
-    replica_partitions, pairs, plans = [], [], []
+    replica_partitions, pairs, plans, absent = [], [], [], set()
     for part_id, (part, members) in enumerate(sorted(by_part.items())):
         members.sort(key=lambda d: d["replica"])
         for replica_id, dump in enumerate(members):
             replica_partitions.append(
                 (*(dump[c] for c in REPLICA_PARTITION), part_id, replica_id, dump["first_gap_lower_bound"])
             )
+            if dump["absent"]:
+                absent.add((part_id, replica_id))
         for i, a in enumerate(members):
             for j in range(i + 1, len(members)):
                 b = members[j]
@@ -180,7 +187,7 @@ def comparison_layout(partition_wm: DataFrame) -> ComparisonLayout:
                     sop=(a["starts_with_sop"], b["starts_with_sop"]),
                     end=tuple(tuple(_bottom_end(d).get(r, MISSING) for r in regions) for d in (a, b)),
                 ))
-    return ComparisonLayout(regions, replica_partitions, pairs, plans)
+    return ComparisonLayout(regions, replica_partitions, pairs, plans, frozenset(absent))
 
 
 _REPLICA_PARTITION_IDS = T.StructType([
@@ -396,11 +403,12 @@ class Comparison:
 
 
 def state_files(stage: ArrowStage, layout: ComparisonLayout) -> StateFiles:
-    """Where the pass writes the replica state's VERSION rows, and the replica partitions it names."""
+    """Where the pass writes the replica state's VERSION rows, and the replica partitions it names (the absent ones
+    are compared, not written: ``StateFiles.absent``)."""
     return StateFiles(stage, tuple(
         (part_id, replica_id, replica, topic, partition, gap is not None)
         for _, replica, topic, partition, part_id, replica_id, gap in layout.replica_partitions
-    ))
+    ), layout.absent)
 
 
 def compare(

@@ -228,10 +228,21 @@ class StateFiles:
 
     ``streams``: per replica partition, ``(part_id, replica_id, replica, topic, partition, gapped)``,
     ``gapped`` when its stream has a gap (SPEC 3a: its last versions keep their own bounds).
+    ``absent``: ``(part_id, replica_id)`` of the replica partitions compared on their carried state
+    only (``pipelines/state/absent.py``): their rows are not written, so the older state stays the
+    one the next snapshot continues.
     """
 
     stage: ArrowStage
     streams: tuple[tuple[int, int, str, str, int, bool], ...]
+    absent: frozenset = frozenset()
+
+    def written(self, columns: dict[str, pa.Array]) -> np.ndarray | None:
+        """Which of the pass's last versions (``_last_versions``' columns) are written; None: all of them."""
+        if not self.absent:
+            return None
+        pairs = zip(columns["part_id"].to_numpy().tolist(), columns["replica_id"].to_numpy().tolist())
+        return np.fromiter((pair not in self.absent for pair in pairs), dtype=bool, count=len(columns["part_id"]))
 
     @property
     def snapshot_id(self) -> str:
@@ -330,7 +341,11 @@ def _state_versions(
 
 
 def _state_sums(versions: pa.Table, columns: dict[str, pa.Array], schema: pa.Schema) -> pa.RecordBatch:
-    """Per replica partition among ``versions``: its rows and its share of the checksum (summed on the driver)."""
+    """Per replica partition among ``versions``: its rows and its share of the checksum (summed on the driver).
+
+    None written (a task holding only keys of absent replica partitions, whose state is not written): no row."""
+    if not versions.num_rows:
+        return _batch({}, 0, schema)
     hashes = row_hashes(versions, VERSION_COLUMNS)
     part, replica = columns["part_id"].to_numpy(), columns["replica_id"].to_numpy()
     order = np.lexsort((replica, part))
@@ -528,6 +543,11 @@ def compare_keys(
         file = state.stage.files(task_number())
         try:
             versions = _state_versions(columns, count, _prior_of(rows, prior, regions), region_names, state, gaps)
+            written = state.written(columns)
+            if written is not None:  # absent replica partitions: compared, their state not written again
+                kept = pa.array(written)
+                versions = versions.filter(kept)
+                columns = {**columns, **{c: columns[c].filter(kept) for c in ("part_id", "replica_id")}}
             for batch in versions.to_batches():
                 file.write(batch)
             file.close()

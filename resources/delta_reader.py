@@ -97,6 +97,16 @@ class TableReader:
             return dataset.to_table(filter=condition, columns=columns)
         return _read_in_batches(dataset, snapshot_id, where, columns, rows)
 
+    def read_all(self, table: str, where=None, columns: Optional[Sequence[str]] = None) -> Optional[pa.Table]:
+        """Every snapshot's rows of ``table`` that match ``where``, only ``columns``; None when the table does not
+        exist. For a table of a few rows per snapshot (``replica_state``'s contexts, with a filter pushed down)."""
+        from deltalake import DeltaTable
+
+        if not self.exists(table):
+            return None
+        dt = DeltaTable(table_uri(self.root, table), storage_options=delta_storage_options())
+        return dt.to_pyarrow_dataset().to_table(filter=where, columns=columns)
+
 
 def _read_in_batches(dataset, snapshot_id: str, where, columns, rows: int) -> pa.Table:
     """``dataset.to_table`` of the snapshot's rows, read file by file ``rows`` rows at a time, each batch filtered

@@ -403,6 +403,9 @@ def test_a_snapshot_whose_carried_state_is_gone_is_refused_with_a_clear_error():
         def carried_from(self, places):
             return {("orders", 0): {"dc-b": "s1"}}
 
+        def absent_from(self, replicas):
+            return {}  # no replica partition compared on its carried state only
+
         def carried_state(self, carried, keys):
             return {}, {}  # s1's partition of replica_state is gone
 

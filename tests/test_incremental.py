@@ -926,3 +926,166 @@ def test_a_continuing_dump_that_starts_past_the_carried_end_stops_the_carried_re
     j_a = versions[(A, "j")]
     assert (j_a["missing_before"], j_a["touch_bound"], j_a["reach"]) == (3, {A: 3, B: 2}, {A: 4, B: 2})
     assert all(versions[(B, k)][c] is None for k in ("k", "j") for c in ("missing_before", "touch_bound", "reach"))
+
+
+# --------------------------------------------------------------------------- a replica absent from a broker cut
+# SPEC 11: a chain of broker cuts (``replica-lens watch``). In c2 dc-a was not read (its brokers did not answer: s = e),
+# dc-b was. dc-b lost k's second write (a:1): it still holds x1 although its heartbeat in c2 says it applied a:3.
+# Proving it needs both c2's heartbeat of dc-b and dc-a's x2, which only dc-a's state from c1 holds. n is new in c2
+# (dc-b only): dc-a, read up to a:2, cannot be shown to lack it (IN_FLIGHT, never MISSING). In c3 dc-a continues
+# from its c1 state (c2 wrote none of it) and dc-b is the one without rows (nothing new: s = e).
+ABSENT = "absent_cut"
+ABSENT_A = stream(A, ABSENT, [sop(), put("k", "x1", A, 0), put("k", "x2", A, 1), put("j", "y", A, 2),  # c1: 0..3
+                              put("n", "z", A, 4), heartbeat(A, 5, {A: 5})])  # c3: 4..5
+ABSENT_B = stream(B, ABSENT, [sop(), put("k", "x1", A, 0),  # c1: 0..1
+                              put("j", "y", A, 2), heartbeat(A, 3, {A: 3}), put("n", "z", A, 4)])  # c2: 2..4
+# Per cut, per replica: (s, e, skipped_reason); c1 is a snapshot of files.
+ABSENT_CUTS = {"c2": {A: (4, 4, "brokers did not answer"), B: (2, 5, None)}, "c3": {A: (4, 6, None), B: (5, 5, None)}}
+
+
+def cut_file(snapshot_id: str, previous: str, cut: dict[str, tuple], topic: str = ABSENT) -> str:
+    """A ``_cut.json`` as ``replica-lens watch`` writes it (``pipelines/venice/kafka_dump.py``, ``cut_document``)."""
+    partitions = [{"region": region, "topic": topic, "partition": 0, "start": s, "end": e, "log_start": 0,
+                   "delivered": e - s, "cleanup_policy": "delete", "not_delivered": 0, "broker_end": e,
+                   "skipped": skipped} for region, (s, e, skipped) in sorted(cut.items())]
+    return json.dumps({"snapshot_id": snapshot_id, "cut_at": "2026-01-01T00:00:00.000+00:00",
+                       "isolation_level": "read_committed", "continues": previous, "regions": {},
+                       "max_offsets": None, "skipped_regions": {}, "partitions": partitions})
+
+
+def in_cut(rows: list[dict], cut: dict[str, tuple]) -> list[dict]:
+    return [r for r in rows if r["replica"] in cut and cut[r["replica"]][0] <= r["offset"] < cut[r["replica"]][1]]
+
+
+@dataclass
+class Chain:
+    warehouse: Path
+    results: dict[str, Any]  # snapshot -> run_audit's result
+    tables: dict[str, dict[str, list]]  # snapshot -> divergence table -> canonical rows, after each audit
+    rematerialized: dict[str, list]  # c2's divergence tables re-materialized once c3 was audited
+
+
+@pytest.fixture(scope="module")
+def absent_chain(spark, tmp_path_factory) -> Chain:
+    """c1 (files), c2 and c3 (broker cuts, each with one replica absent) audited in order, then c2 again."""
+    root = tmp_path_factory.mktemp("absent")
+    landing, warehouse = root / "landing", root / "warehouse"
+    rows = ABSENT_A + ABSENT_B
+    write_landing(landing, "c1", [r for r in rows if r["offset"] < {A: 4, B: 2}[r["replica"]]])
+    for snapshot_id, previous in (("c2", "c1"), ("c3", "c2")):
+        write_landing(landing, snapshot_id, in_cut(rows, ABSENT_CUTS[snapshot_id]))
+        (landing / snapshot_id / "_cut.json").write_text(cut_file(snapshot_id, previous, ABSENT_CUTS[snapshot_id]))
+    results, tables = {}, {}
+    for snapshot_id in ("c1", "c2", "c3"):
+        results[snapshot_id] = run_audit(snapshot_id, str(landing), str(warehouse), **SETTINGS)
+        assert results[snapshot_id].success, (snapshot_id, results[snapshot_id].error)
+        tables[snapshot_id] = {t: canonical(table(spark, warehouse, t, snapshot_id)) for t in DIVERGENCE_STAGE}
+    assert run_divergence(landing, warehouse, "c2").success
+    again = {t: canonical(table(spark, warehouse, t, "c2")) for t in DIVERGENCE_STAGE}
+    return Chain(warehouse, results, tables, again)
+
+
+def chain_verdicts(spark, chain: Chain, snapshot_id: str) -> dict[tuple, str]:
+    reports = table(spark, chain.warehouse, "divergence_reports", snapshot_id).collect()
+    return {(r["replica_a"], r["replica_b"], r["key"]): r["verdict"] for r in reports}
+
+
+@pytest.mark.slow
+def test_a_replica_absent_from_a_broker_cut_is_judged_on_its_carried_state(spark, absent_chain):
+    """Catches an absent replica partition left out of the comparison (k stays IN_FLIGHT in c2, as a chain that
+    ended there did on live brokers), a false proof from it (n MISSING in dc-a, which was only read up to a:2), and
+    a verdict other than the whole history's for the pair."""
+    got = chain_verdicts(spark, absent_chain, "c2")
+    assert got == {(A, B, "k"): "DIVERGENT", (A, B, "n"): "IN_FLIGHT"}
+    # One audit of every row read by c2 (dc-a's of c1, dc-b's of c1 and c2) as one snapshot: the same verdicts.
+    read = [r for r in ABSENT_A if r["offset"] < 4] + [r for r in ABSENT_B if r["offset"] < 5]
+    assert got == {k[2:]: f.verdict for k, f in reference_verdicts(read).items() if f.verdict != "CONSISTENT"}
+    summary = table(spark, absent_chain.warehouse, "divergence_summary", "c2").collect()
+    assert [(r["replica_a"], r["replica_b"], r["keys_compared"]) for r in summary] == [(A, B, 3)]
+    metadata = absent_chain.results["c2"].metadata["divergence_reports"]
+    assert (metadata["carried_partitions"], metadata["absent_partitions"]) == (2, 1)
+    assert sorted((c["replica"], c["previous_snapshot_id"], c["first_offset"], c["absent"])
+                  for c in metadata["carried_from"]) == [(A, "c1", 4, True), (B, "c1", 2, False)]
+    assert absent_chain.results["c2"].metadata["replica_state"]["absent_partitions"] == 1
+    # The per-snapshot tables keep describing c2's own rows: dc-b's only.
+    assert {r["replica"] for r in table(spark, absent_chain.warehouse, "partition_watermarks", "c2").collect()} == {B}
+
+
+@pytest.mark.slow
+def test_an_absent_replicas_state_is_not_written_again_so_the_next_cut_continues_the_older_one(spark, absent_chain):
+    """Catches c2 writing a state of dc-a (the next cut of dc-a would then be refused: two contexts end at offset 3),
+    and c3 judging anything but the whole history's verdicts."""
+    state = table(spark, absent_chain.warehouse, "replica_state", "c2").collect()
+    assert {r["replica"] for r in state} == {B}
+    carried = absent_chain.results["c3"].metadata["divergence_reports"]["carried_from"]
+    assert sorted((c["replica"], c["previous_snapshot_id"], c["previous_last_offset"], c["absent"])
+                  for c in carried) == [(A, "c1", 3, False), (B, "c2", 4, True)]
+    got = chain_verdicts(spark, absent_chain, "c3")
+    assert got == {(A, B, "k"): "DIVERGENT"}
+    whole = {k[2:]: f.verdict for k, f in reference_verdicts(ABSENT_A + ABSENT_B).items() if f.verdict != "CONSISTENT"}
+    assert got == whole
+
+
+@pytest.mark.slow
+def test_rematerializing_a_cut_with_an_absent_replica_after_later_cuts_gives_the_same_tables(absent_chain):
+    """Catches the absent replica's predecessor chosen among later states (c3's dc-a state starts at its s)."""
+    assert absent_chain.tables["c2"]["divergence_reports"]
+    assert absent_chain.rematerialized == absent_chain.tables["c2"]
+
+
+@pytest.mark.slow
+def test_explain_of_a_key_proven_with_an_absent_replicas_carried_state_agrees_with_the_report(spark, absent_chain):
+    """Catches explain leaving the absent replica out (no witness for the reported pair) or showing other bounds than
+    the verdict compared."""
+    doc = explain_key(str(absent_chain.warehouse), "c2", ABSENT, 0, "k")
+    (report,) = [r.asDict() for r in table(spark, absent_chain.warehouse, "divergence_reports", "c2").collect()
+                 if r["key"] == "k"]
+    (pair,) = doc["pairs"]
+    assert pair["verdict"] == report["verdict"] == "DIVERGENT"
+    v, w = witness_versions(doc, pair)
+    for version, side in ((v, "a"), (w, "b")):
+        assert version["offset"] == report[f"witness_offset_{side}"]
+        assert version["reach"] == report[f"reach_{side}"] and version["touch_bound"] == report[f"touch_bound_{side}"]
+    assert (v["offset"], v["carried_from"], v["value"]) == (2, "c1", "x2")
+    (absent,) = [r for r in doc["replicas"] if r.get("absent")]
+    assert absent["replica"] == A and absent["carried_from"]["previous_snapshot_id"] == "c1"
+    assert "no rows in this snapshot" in render_text(doc)
+
+
+# dc-a's keys m1..m7 are in its state only (dc-b holds m0 alone); in the second cut dc-a is absent and dc-b's heartbeat
+# says it applied a:8: dc-b lost m1..m7, proven MISSING from dc-a's carried state. Run in Spark's Python workers
+# without coalescing, some task holds only keys of the absent dc-a, whose state is not written again.
+ONLY_A = "absent_keys"
+ONLY_A_C1 = stream(A, ONLY_A, [sop(), *[put(f"m{i}", f"v{i}", A, i) for i in range(8)]]) + stream(
+    B, ONLY_A, [sop(), put("m0", "v0", A, 0)])
+ONLY_A_C2 = stream(B, ONLY_A, [heartbeat(A, 8, {A: 8})], first_offset=2)
+
+
+def test_the_pass_in_spark_workers_writes_no_state_of_an_absent_replica_partition(spark):
+    """Catches the pass writing the absent replica's versions into the state (or counting them in a context), a
+    task holding only its keys failing on an empty state, and the state the pass writes differing from Spark's."""
+    from pipelines.state.absent import absent_dumps, absent_watermarks
+    from pipelines.venice.kafka_dump import cut_rows
+
+    c1 = audit(spark, ONLY_A_C1, "k1")
+    row_wm, part_wm = stage(spark, ONLY_A_C2, "k2")
+    cut = cut_rows(cut_file("k2", "k1", {A: (9, 9, "brokers did not answer"), B: (2, 3, None)}, ONLY_A), "k2")
+    absent = absent_dumps(spark.createDataFrame(cut, struct_for("broker_cuts")), part_wm)
+    raw = raw_frame(spark, ONLY_A_C1, "k1").unionByName(raw_frame(spark, ONLY_A_C2, "k2"))
+    prior = prior_state(c1.state, part_wm, "k2", raw, absent=absent)
+    assert [(link["replica"], link["absent"]) for link in prior.links] == [(A, True), (B, False)]
+    parts = part_wm.unionByName(absent_watermarks(absent, prior.context))
+    rows, parts = carry_over(row_wm, parts, prior.versions, prior.context)
+    coalescing = spark.conf.get("spark.sql.adaptive.coalescePartitions.enabled")
+    spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
+    try:
+        comparison, state = compared_with_state(spark, rows.localCheckpoint(eager=True), parts, prior, "k2")
+        reports = [r.asDict() for r in comparison.reports.collect()]
+    finally:
+        spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", coalescing)
+    assert {r["replica"] for r in state.collect()} == {B}
+    assert state_rows(state) == state_rows(next_state(rows, parts, prior.versions, prior.context))
+    got = {(r["replica_a"], r["replica_b"], r["key"]): r["verdict"] for r in reports}
+    assert got == {(A, B, f"m{i}"): "MISSING" for i in range(1, 8)}
+    whole = ONLY_A_C1 + ONLY_A_C2
+    assert got == {k[2:]: f.verdict for k, f in reference_verdicts(whole).items() if f.verdict != "CONSISTENT"}

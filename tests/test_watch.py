@@ -318,8 +318,9 @@ def test_a_backlog_is_read_in_bounded_cuts_in_order(live):
 
 def _latest_verdicts(warehouse: Path, snapshots: list[str], topic: str) -> tuple[dict[tuple, str], set[tuple]]:
     """Per key pair, its verdict in the latest snapshot of the chain that compared its two replicas (a snapshot in
-    which a replica delivered nothing does not judge its pairs: docs/incremental.md); and the replica pairs whose
-    latest comparison had both replicas read to the end of the topic."""
+    which a replica delivered nothing judges its pairs on that replica's carried state, docs/incremental.md, unless
+    it has none yet); and the replica pairs whose latest comparison had both replicas read to the end of the
+    topic."""
     latest: dict[tuple, str] = {}
     at_end: set[tuple] = set()
     landing = warehouse.parent / "landing"
@@ -352,9 +353,9 @@ def test_the_chain_proves_nothing_the_whole_topic_does_not_and_every_divergence_
     settled = {k for k in ending if k[:2] in judged_whole}
     assert settled, "no replica pair was last compared with both replicas read to the end"
     assert {k: latest.get(k) for k in settled} == {k: whole[k] for k in settled}
-    # A pair last compared before one of its replicas was read to its end (that replica's last cut read nothing of
-    # the other: a replica without rows in a snapshot is not compared in it, docs/incremental.md) may still be
-    # IN_FLIGHT; never another proof.
+    # A pair last compared before one of its replicas was read to its end (a replica without rows in a snapshot is
+    # compared on its carried state, which may not reach the end yet: docs/incremental.md) may still be IN_FLIGHT;
+    # never another proof.
     assert all(latest.get(k) in (whole[k], "IN_FLIGHT") for k in ending - settled)
     every = {}
     for snapshot_id in live["v1_snapshots"]:

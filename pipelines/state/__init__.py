@@ -6,6 +6,8 @@
   VERSION rows itself (equal to Spark's ``xxhash64``);
 - ``prior``: which state a snapshot continues (the predecessor rule), checked and verified, and
   which states are kept (retention);
+- ``absent``: the replica partitions a broker cut lists without rows in the snapshot, compared on
+  their carried state (SPEC 11) and not written again;
 - ``carry``: what the divergence stage does with it: ``carry_over`` continues a snapshot's
   watermarks from the state it continues, ``next_state`` builds the state after it (Spark's
   way; the audit has the comparison's pass write the VERSION rows and adds the contexts with

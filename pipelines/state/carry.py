@@ -55,6 +55,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
+from pipelines.state.absent import written_in_state
 from pipelines.state.arrow_checksum import signed
 from pipelines.state.prior import (
     MAX_LISTED,
@@ -376,11 +377,15 @@ def next_state(
     """
     rp = list(REPLICA_PARTITION)
     prior = carried_versions(prior_versions, prior_context)
+    # An absent replica partition (no rows in S, compared on its carried state) keeps its older state as the one to
+    # continue: none of its rows is written again (``pipelines/state/absent.py``).
+    written = partition_wm.where(written_in_state()).select("snapshot_id", *rp)
     if last_versions is None:
         last_versions = last_versions_of(
             row_wm, partition_wm, partition_regions(partition_wm) if regions is None else regions
         )
     carried = F.col("offset") == F.col("prior_offset")
+    last_versions = last_versions.join(F.broadcast(written), on=["snapshot_id", *rp], how="left_semi")
     versions = computed_once(_as_state(
         last_versions.join(prior, on=[*rp, "key"], how="left").select(
             "snapshot_id",
@@ -404,7 +409,10 @@ def next_state(
 
 
 def state_contexts(partition_wm: DataFrame, prior_context: DataFrame, stats: DataFrame) -> DataFrame:
-    """The CONTEXT rows of the state after S, one per replica partition of ``partition_wm`` (``replica_state``'s columns).
+    """The CONTEXT rows of the state after S, one per replica partition S read (``replica_state``'s columns).
+
+    ``partition_wm``'s absent rows (``pipelines/state/absent.py``: compared on their carried state only) get none:
+    their older context stays the one the next snapshot continues.
 
     ``stats``: per replica partition with VERSION rows (``snapshot_id``, ``replica``, ``topic``,
     ``partition``), how many (``state_rows``) and their checksum (``state_checksum``); one without
@@ -418,7 +426,7 @@ def state_contexts(partition_wm: DataFrame, prior_context: DataFrame, stats: Dat
     )
     zero = F.lit(0).cast(T.LongType())
     return _as_state(
-        partition_wm.join(ctx, on=rp, how="left")
+        partition_wm.where(written_in_state()).join(ctx, on=rp, how="left")
         .join(stats, on=["snapshot_id", *rp], how="left")
         .select(
             "snapshot_id",

@@ -19,6 +19,12 @@ The offsets between the predecessor's ``last_offset`` and S's first offset are t
 hold no version-topic row (version-topic offsets may skip); the dumps are trusted to be
 of one log when their (replica, topic, partition) match.
 
+Absent replica partitions. A broker snapshot's cut may list a replica partition S holds no
+rows of (``pipelines/state/absent.py``): its "dump" starts at the cut's ``s`` and reads nothing,
+and the same rule chooses its predecessor (the greatest ``last_offset`` below ``s``), so later
+snapshots' states (from ``s`` on) never change the choice. One without a predecessor is not
+compared and refuses nothing: S read nothing of it.
+
 Overlapping dumps. Dump tools re-read a little of what they dumped last time. When S's
 offsets intersect exactly one context's ``first_offset..last_offset``, and S starts
 inside it and ends past it (``first_offset < S's first <= last_offset < S's last``),
@@ -121,6 +127,11 @@ class PriorState:
     def carried_versions(self) -> int:
         return sum(int(link["state_rows"]) for link in self.links)
 
+    @property
+    def absent(self) -> list[dict[str, Any]]:
+        """The links of replica partitions compared on their carried state only (no rows in the snapshot)."""
+        return [link for link in self.links if link.get("absent")]
+
 
 def no_prior_state(spark: SparkSession) -> PriorState:
     """The prior state of a snapshot when no other snapshot has one: nothing carried (empty frames, no Spark job).
@@ -151,9 +162,13 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
     below the snapshot's) and ``overlapping`` (contexts whose ``first_offset..last_offset``
     intersects the snapshot's). A context the snapshot overlaps is its predecessor when it
     is the only one and the snapshot starts after its first offset and ends after its last.
+    ``absent``: ``partition_wm``'s column of that name (``absent_dumps`` rows), else false.
     """
     rp = list(REPLICA_PARTITION)
-    mid = partition_wm.where(~F.col("starts_with_sop")).select("snapshot_id", *rp, "first_offset", "last_offset")
+    # ``absent`` (``pipelines/state/absent.py``): a replica partition the cut lists but the snapshot has no rows of.
+    absent = F.col("absent") if "absent" in partition_wm.columns else F.lit(False)
+    mid = partition_wm.where(~F.col("starts_with_sop")).select(
+        "snapshot_id", *rp, "first_offset", "last_offset", absent.alias("absent"))
     others = contexts.where(F.col("row_kind") == CONTEXT).select(
         *rp,
         F.col("snapshot_id").alias("c_snapshot"),
@@ -196,6 +211,7 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
         F.coalesce(continues_inside, F.lit(False)).alias("overlap"),
         tied.alias("candidates"),
         overlapping.alias("overlapping"),
+        "absent",
     )
 
 
@@ -406,6 +422,7 @@ def prior_state(
     snapshot_id: str,
     raw: DataFrame,
     read_states: Callable[[list[str]], DataFrame] | None = None,
+    absent: DataFrame | None = None,
 ) -> PriorState:
     """The state ``snapshot_id`` continues, chosen by the predecessor rule and checked; raises ``StateRefused``.
 
@@ -419,11 +436,20 @@ def prior_state(
     of the snapshot and of the predecessors its dumps overlap are read, to verify the
     overlaps). Only a handful of rows reach the driver: one per mid-stream replica
     partition, per overlap, and the problems.
+
+    ``absent``: the replica partitions the snapshot's broker cut lists without rows of them
+    (``pipelines/state/absent.py``, ``absent_dumps``). Each with a predecessor (the same rule,
+    from the cut's ``s``) is continued too, its link marked ``absent``; one without (none, or an
+    ambiguous one) is simply not compared, as before: the snapshot read nothing of it to refuse.
     """
     rp = list(REPLICA_PARTITION)
     others = state.where(F.col("snapshot_id") != snapshot_id)
     contexts = others.where(F.col("row_kind") == CONTEXT)
-    links = computed_once(predecessors(partition_wm, contexts))
+    dumps = partition_wm.select("snapshot_id", *rp, "first_offset", "last_offset", "starts_with_sop",
+                                F.lit(False).alias("absent"))
+    if absent is not None:
+        dumps = dumps.unionByName(absent.select(*dumps.columns))
+    links = computed_once(predecessors(dumps, contexts))
     chosen = links.where(F.col("previous_snapshot_id").isNotNull()).select(
         F.col("previous_snapshot_id").alias("snapshot_id"), *rp
     )
@@ -431,7 +457,7 @@ def prior_state(
     link_rows = links.orderBy(*rp).collect()
     refusals = []
     for link in link_rows:
-        if link["previous_snapshot_id"] is not None:
+        if link["previous_snapshot_id"] is not None or link["absent"]:
             continue
         if link["overlapping"]:
             refusals.append(_conflict(link, snapshot_id))
@@ -498,6 +524,7 @@ def prior_state(
             **{c: link[c] for c in (*rp, "previous_snapshot_id", "previous_last_offset", "first_offset")},
             "state_rows": found[(*key, link["previous_last_offset"])],
             "overlap": verified.get(key),
+            "absent": bool(link["absent"]),
         })
     return PriorState(versions=versions, context=context, links=described)
 
