@@ -182,8 +182,8 @@ class SnapshotTables:
             return {}
         where = ((ds.field("row_kind") == "CONTEXT") & (ds.field("snapshot_id") != self.snapshot_id)
                  & ds.field("topic").isin(sorted({place[0] for place, _ in wanted})))
-        found = self.reader.read_all("replica_state", where, ["snapshot_id", "replica", "topic", "partition",
-                                                              "last_offset"])
+        found = self.reader.read("replica_state", None, where,
+                                 ["snapshot_id", "replica", "topic", "partition", "last_offset"])
         contexts = [] if found is None else found.to_pylist()
         out: dict[Place, dict[str, str]] = {}
         for (place, replica), start in sorted(wanted.items()):

@@ -241,8 +241,10 @@ class StateFiles:
         """Which of the pass's last versions (``_last_versions``' columns) are written; None: all of them."""
         if not self.absent:
             return None
-        pairs = zip(columns["part_id"].to_numpy().tolist(), columns["replica_id"].to_numpy().tolist())
-        return np.fromiter((pair not in self.absent for pair in pairs), dtype=bool, count=len(columns["part_id"]))
+        # One integer per (part_id, replica_id), both small non-negative ids: a vectorized membership test.
+        ids = (columns["part_id"].to_numpy().astype(np.int64) << 32) | columns["replica_id"].to_numpy().astype(np.int64)
+        absent = np.array([(part << 32) | replica for part, replica in self.absent], dtype=np.int64)
+        return ~np.isin(ids, absent)
 
     @property
     def snapshot_id(self) -> str:

@@ -64,12 +64,13 @@ class TableReader:
         return DeltaTable.is_deltatable(table_uri(self.root, table), storage_options=delta_storage_options())
 
     def read(
-        self, table: str, snapshot_id: str, where=None, columns: Optional[Sequence[str]] = None,
+        self, table: str, snapshot_id: Optional[str], where=None, columns: Optional[Sequence[str]] = None,
         optional: Sequence[str] = (), sized_by: Optional[str] = None, computed: Optional[dict] = None,
     ) -> Optional[pa.Table]:
         """The rows of ``snapshot_id`` in ``table`` that match ``where`` (a ``pyarrow.dataset`` expression).
 
-        Only that snapshot's files are opened (the partition filter prunes by the Delta log),
+        Only that snapshot's files are opened (the partition filter prunes by the Delta log); ``snapshot_id`` None
+        reads every snapshot's rows (for a table of a few rows per snapshot, such as ``replica_state``'s contexts),
         and only ``columns`` (default: all) are read, with those of ``optional`` the table has (columns added
         since older snapshots were written). None when the table does not exist. ``sized_by``: a column whose
         largest value in the log bounds the bytes of a row read (``value_bytes``): the rows are then decoded in
@@ -80,14 +81,17 @@ class TableReader:
         from deltalake import DeltaTable
         import pyarrow.dataset as ds
 
-        check_snapshot_id(snapshot_id)
+        if snapshot_id is not None:
+            check_snapshot_id(snapshot_id)
+        elif sized_by is not None:
+            raise ValueError("sized_by bounds one snapshot's rows: give its snapshot_id")
         if not self.exists(table):
             return None
         dt = DeltaTable(table_uri(self.root, table), storage_options=delta_storage_options())
         dataset = dt.to_pyarrow_dataset()
-        condition = ds.field(PARTITION_COLUMN) == snapshot_id
+        condition = None if snapshot_id is None else ds.field(PARTITION_COLUMN) == snapshot_id
         if where is not None:
-            condition = condition & where
+            condition = where if condition is None else condition & where
         if columns is not None:
             columns = [*columns, *[c for c in optional if c in dataset.schema.names]]
         if computed:
@@ -96,16 +100,6 @@ class TableReader:
         if rows is None:
             return dataset.to_table(filter=condition, columns=columns)
         return _read_in_batches(dataset, snapshot_id, where, columns, rows)
-
-    def read_all(self, table: str, where=None, columns: Optional[Sequence[str]] = None) -> Optional[pa.Table]:
-        """Every snapshot's rows of ``table`` that match ``where``, only ``columns``; None when the table does not
-        exist. For a table of a few rows per snapshot (``replica_state``'s contexts, with a filter pushed down)."""
-        from deltalake import DeltaTable
-
-        if not self.exists(table):
-            return None
-        dt = DeltaTable(table_uri(self.root, table), storage_options=delta_storage_options())
-        return dt.to_pyarrow_dataset().to_table(filter=where, columns=columns)
 
 
 def _read_in_batches(dataset, snapshot_id: str, where, columns, rows: int) -> pa.Table:
