@@ -42,7 +42,7 @@ from assets.tables import StepTables, matching_rows, read_stage, schema_check_sp
 from pipelines.frames import computed_once
 from pipelines.leapfrog import compare, comparison_layout, state_files
 from pipelines.state.absent import absent_dumps, absent_watermarks
-from pipelines.state.carry import carried_versions, carry_over, contexts_from_sums, read_between
+from pipelines.state.carry import carry_over, contexts_from_sums, read_between
 from pipelines.state.prior import PriorState, StateRefused, no_prior_state, prior_state, retained_states
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION
 from resources.delta_store import DeltaStore
@@ -178,7 +178,8 @@ def divergence_reports(
     snapshot_id = context.partition_key
     keep = check_state_retention(config.state_retention)
     session = spark.spark_session
-    most_rows = comparison_rows(store, snapshot_id)
+    own_rows = store.snapshot_rows("reconstructed_watermarks", [snapshot_id])
+    most_rows = comparison_rows(store, own_rows)
     with spark.sized_for(most_rows) as evaluation:
         rows = read_stage(session, store, "reconstructed_watermarks", snapshot_id)
         partitions = read_stage(session, store, "partition_watermarks", snapshot_id)
@@ -208,8 +209,11 @@ def divergence_reports(
             for sid in [snapshot_id, *prior.previous_snapshot_ids]:
                 part = read_stage(session, store, "raw_topic_skipped", sid)
                 skipped = part if skipped is None else skipped.unionByName(part)
+            # A small cut's per-key facts go to the carried versions' scan (no shuffle of the state); the carried rows
+            # hold what the state kept of them, for the pass to write the next state.
             carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context,
-                                                          read_between(skipped, partitions, prior.context))
+                                                          read_between(skipped, partitions, prior.context),
+                                                          cut_rows=own_rows, prior_payload=True)
         else:  # a fresh stream everywhere: nothing to carry, the snapshot's own tables are the stream's
             carried_rows, carried_partitions = rows, partitions
         carried = {
@@ -229,8 +233,7 @@ def divergence_reports(
         # the rows it holds anyway), with their checksums; the contexts follow from its sums.
         state = tables.arrow_stage(STATE)
         comparison = compare(carried_rows, carried_partitions, layout, rows=most_rows, values=raw,
-                             state=state_files(state, layout),
-                             carried=carried_versions(prior.versions, prior.context) if prior.links else None)
+                             state=state_files(state, layout))
         store.write_arrow(state, contexts_from_sums(carried_partitions, prior.context, comparison.state_sums),
                           name="contexts")
         tables.stage_arrow(state, extra_metadata=carried)
@@ -302,10 +305,10 @@ def report_metadata(
     return metadata
 
 
-def comparison_rows(store: DeltaStore, snapshot_id: str) -> Optional[int]:
-    """The most rows the comparison reads: this snapshot's data rows, and every state it could carry (None: unknown)."""
-    rows = store.snapshot_rows("reconstructed_watermarks", [snapshot_id])
-    return None if rows is None else rows + (store.snapshot_rows(STATE) or 0)
+def comparison_rows(store: DeltaStore, own_rows: Optional[int]) -> Optional[int]:
+    """The most rows the comparison reads: the snapshot's data rows (``own_rows``, from the Delta log), and every
+    state it could carry (None: unknown)."""
+    return None if own_rows is None else own_rows + (store.snapshot_rows(STATE) or 0)
 
 
 VERDICT_COLUMNS = {"COMPARED": "keys_compared", "CONSISTENT": "consistent", "DIVERGENT": "divergent",

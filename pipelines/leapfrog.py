@@ -56,8 +56,8 @@ names the pairs, decides the verdicts, counts them and looks up the values of th
 witnesses. The same pass also knows, per key and replica, the key's last version there
 (with the reach of its ⊥ and its highest source offset per region): the replica state
 (``pipelines/state/carry.py``). The audit has the pass write the state's VERSION rows itself
-(``state``: each task one Parquet file of the staged write, the carried versions the snapshot
-continues sent along with their keys' rows) and return only each replica partition's row count
+(``state``: each task one Parquet file of the staged write; the carried versions the snapshot
+continues are rows of their keys that also hold what the state kept of them) and return only each replica partition's row count
 and checksum share (``pipelines/state/arrow_checksum.py``, equal to Spark's ``xxhash64``);
 without ``state`` it returns the last versions (``Comparison.last_versions``) for ``next_state``.
 Either way, no other exchange and sort-based aggregation of every row. Written as Spark windows, joins
@@ -94,7 +94,7 @@ from pyspark.sql import types as T
 from pipelines.frames import computed_once
 from pipelines.state.absent import written_in_state
 from pipelines.state.arrow_checksum import row_hashes
-from pipelines.state.carry import carried_versions, kept_where_gapped
+from pipelines.state.carry import kept_where_gapped
 from pipelines.state.rows import LAST_VERSION_COLUMNS, VERSION, VERSION_COLUMNS
 from pipelines.arrow_vectors import map_vectors
 from pipelines.stream_pass import task_number
@@ -215,8 +215,7 @@ def _replica_partition_ids(spark, layout: ComparisonLayout) -> DataFrame:
 
 
 def _compared(
-    row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame, driver: bool,
-    state: StateFiles | None = None, carried: DataFrame | None = None,
+    row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame, driver: bool, state: StateFiles | None = None,
 ) -> DataFrame:
     """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass.
 
@@ -224,40 +223,35 @@ def _compared(
     ``driver``: the rows are few (``DRIVER_MAX_ROWS``): collect them through Arrow and run
     the pass once, here, over all of them (it needs only a key's rows together, and all are),
     its output a local relation; no exchange, and no Python worker to start.
-    ``state``: the pass writes the replica state's VERSION rows (``compare_keys``); ``carried``: the
-    carried versions it continues (``pipelines.state.carry.carried_versions``), sent with their keys' rows.
+    ``state``: the pass writes the replica state's VERSION rows (``compare_keys``); the carried versions among the
+    rows (``carry_over(prior_payload=True)``) hold what the state kept of them, which the pass continues.
     """
     regions = layout.regions
     # ⊥'s reach stops at the dump's first gap (SPEC 3a): a row after it gives that gap's L, not its own.
     dense_of = {"u": dense(F.col("touch_bound"), regions), "m": dense(F.col("reach"), regions),
                 "l": dense(bottom_reach(), regions)}
+    prior: list = []  # what the state kept of each carried version, as the pass reads it (``_prior_of``)
+    if state is not None and "is_prior" in row_watermarks.columns:
+        touch = dense(F.col("prior_touch"), regions)
+        prior = ["is_prior", "prior_origin", "prior_missing",
+                 *[F.coalesce(touch[r], F.lit(MISSING).cast(T.LongType())).alias(f"prior_touch_{r}")
+                   for r in range(len(regions))]]
+    prior_names = [c if isinstance(c, str) else f"prior_touch_{i - 3}" for i, c in enumerate(prior)]
     flat = row_watermarks.join(F.broadcast(ids), on=list(REPLICA_PARTITION), how="inner").select(
         "part_id", "replica_id", "key", "offset", F.col("value_hash").alias("token"),
         F.col("touch_bound").isNotNull().alias("known"), F.col("missing_before").alias("missing"),
-        *[dense_of[v].alias(v) for v in dense_of], *_PAYLOAD,
+        *[dense_of[v].alias(v) for v in dense_of], *_PAYLOAD, *prior,
     ).select(
         "part_id", "replica_id", "key", "offset", "token", "known", "missing",
         *[F.coalesce(F.col(v)[r], F.lit(MISSING).cast(T.LongType())).alias(f"{v}_{r}")
           for v in dense_of for r in range(len(regions))],
-        *_PAYLOAD,
+        *_PAYLOAD, *prior_names,
     )
-    if state is not None and carried is not None:
-        flat = flat.unionByName(_prior_rows(carried, ids, regions), allowMissingColumns=True)
     schema = compare_columns(len(regions))
     kernel = partial(compare_keys, pairs=layout.plans, region_names=tuple(regions), gaps=layout.gaps, state=state)
     if driver:
         return local_batches(row_watermarks.sparkSession, kernel(iter(flat.toArrow().to_batches())), schema)
     return flat.repartition("part_id", "key").mapInArrow(kernel, schema)
-
-
-def _prior_rows(carried: DataFrame, ids: DataFrame, regions: Sequence[str]) -> DataFrame:
-    """The carried versions as rows of the pass's input (``is_prior``): its ids, key, and what the state keeps."""
-    touch = dense(F.col("prior_touch"), regions)
-    return carried.join(F.broadcast(ids.drop("snapshot_id")), on=list(REPLICA_PARTITION[1:]), how="inner").select(
-        "part_id", "replica_id", "key", F.lit(True).alias("is_prior"), "prior_offset", "prior_origin",
-        "prior_missing",
-        *[F.coalesce(touch[r], F.lit(MISSING).cast(T.LongType())).alias(f"prior_touch_{r}") for r in range(len(regions))],
-    )
 
 
 def _verdicts(compared: DataFrame, pairs: DataFrame, regions: list[str]) -> DataFrame:
@@ -413,7 +407,7 @@ def state_files(stage: ArrowStage, layout: ComparisonLayout) -> StateFiles:
 
 def compare(
     row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None, rows: int | None = None,
-    values: DataFrame | None = None, state: StateFiles | None = None, carried: DataFrame | None = None,
+    values: DataFrame | None = None, state: StateFiles | None = None,
 ) -> Comparison:
     """Leap Frog over every replica pair, and every key's last version per replica, from one pass.
 
@@ -424,15 +418,15 @@ def compare(
     log does); at most ``DRIVER_MAX_ROWS`` the pass runs on the driver. ``values``: the snapshot's
     ``raw_topic_snapshots`` rows, where the witnesses' values are looked up (``_with_values``).
     ``state``: the pass writes the replica state's VERSION rows there (``state_files``), the rows
-    ``next_state`` makes of ``last_versions`` and ``carried`` (``carried_versions`` of the prior state;
-    None: nothing carried); they are written when this returns.
+    ``next_state`` makes of ``last_versions`` and the carried versions (the rows of ``row_watermarks`` that
+    ``carry_over(prior_payload=True)`` marks ``is_prior``); they are written when this returns.
     """
     layout = comparison_layout(partition_wm) if layout is None else layout
     spark = row_watermarks.sparkSession
     pairs = local_frame(spark, layout.pairs, _PAIRS)
     ids = _replica_partition_ids(spark, layout)
     driver = on_driver(rows)
-    compared = _compared(row_watermarks, layout, ids, driver, state, carried)
+    compared = _compared(row_watermarks, layout, ids, driver, state)
     compared = compared if driver else computed_once(compared)
     per_pair = compared.where(F.col("pair_id").isNotNull())
     verdicts = _verdicts(per_pair, pairs, layout.regions)

@@ -254,9 +254,8 @@ class StateFiles:
 def _prior_of(rows: _Rows, prior: pa.Table | None, regions: int) -> dict[str, np.ndarray] | None:
     """Per group of ``rows``, the carried version it continues (``carried_versions``' columns), or None without any.
 
-    ``prior``: the carried versions that came with this partition's rows (``is_prior``), one per
-    (replica partition, key). Every carried version is also a data row of its key (``carry_over``), so
-    its key is among the rows'.
+    ``prior``: the rows of this partition that are carried versions (``is_prior``), one per (replica partition,
+    key), with what the state kept of them (``prior_origin``, ``prior_missing``, ``prior_touch_r``).
     """
     if prior is None or prior.num_rows == 0:
         return None
@@ -278,7 +277,7 @@ def _prior_of(rows: _Rows, prior: pa.Table | None, regions: int) -> dict[str, np
         "origin": np.full(groups, -1, np.int64),
         "touch": np.full((groups, regions), MISSING, np.int64),
     }
-    out["offset"][group] = prior["prior_offset"].to_numpy()[source]
+    out["offset"][group] = prior["offset"].to_numpy()[source]
     out["missing"][group] = prior["prior_missing"].fill_null(MISSING).to_numpy()[source]
     out["origin"][group] = source
     for r in range(regions):
@@ -516,7 +515,8 @@ def compare_keys(
     known), ``missing`` (positions missing before the row in its dump), dense ``u_r``, ``m_r``, ``l_r`` (``U``, ``M``,
     and the reach ⊥ would have if the row were its key's first: ``L``, or ``L`` at the dump's first gap when a gap
     lies before the row; one column per region of ``region_names``) and the columns of ``_PAYLOAD``; with ``state``,
-    also the carried versions the snapshot continues (``is_prior``, ``_prior_rows``). Output: ``compare_columns``,
+    the carried versions the snapshot continues are marked ``is_prior`` and hold what the state kept of them
+    (``_prior_of``). Output: ``compare_columns``,
     one row per (pair, key) either replica of the pair holds here, one per (key, replica) with the key's last
     version there (for the replica state), and one per topic partition with its keys here per worst verdict.
 
@@ -531,9 +531,8 @@ def compare_keys(
         return
     table = pa.Table.from_batches(received).combine_chunks()
     prior = None
-    if "is_prior" in table.column_names:
-        is_prior = table["is_prior"].fill_null(False)
-        prior, table = table.filter(is_prior).combine_chunks(), table.filter(pc.invert(is_prior)).combine_chunks()
+    if "is_prior" in table.column_names:  # the carried versions, rows of their keys like the others
+        prior = table.filter(table["is_prior"].fill_null(False)).combine_chunks()
     if table.num_rows == 0:
         return
     schema = pa.schema([pa.field(f.name, _ARROW[type(f.dataType)]) for f in compare_columns(regions).fields])

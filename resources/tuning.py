@@ -32,6 +32,11 @@ def on_driver(rows: Optional[int]) -> bool:
     value = whole_number(os.environ.get(DRIVER_MAX_ROWS_ENV), DRIVER_MAX_ROWS_ENV, minimum=0)
     return rows is not None and rows <= (DRIVER_MAX_ROWS if value is None else value)
 
+# At most this many rows in a snapshot continuing a state (a small cut of a live store), the per-key facts of its rows
+# are broadcast to the scan of the carried versions instead of shuffling and sorting those (pipelines/state/carry.py,
+# ``carry_over``): at about 200 bytes a key, some 40 MB sent to each task.
+BROADCAST_MAX_ROWS = 200_000
+
 # Steps of one audit run at once, on threads of the run's process (replica_lens/executor.py).
 # Measured on the 2-core development machine (docs/performance.md, "Levers tried").
 DEFAULT_CONCURRENT_STEPS = 2

@@ -12,6 +12,8 @@ with the state, and audit an S2 that re-reads S1's last offsets.
 """
 from __future__ import annotations
 
+import re
+
 import json
 import shutil
 import tempfile
@@ -38,7 +40,6 @@ from pipelines.state.carry import (
     VERSION,
     PriorState,
     StateRefused,
-    carried_versions,
     carry_over,
     context_problems,
     next_state,
@@ -127,6 +128,9 @@ def stage(spark, rows: list[dict], snapshot_id: str) -> tuple[DataFrame, DataFra
             partition_watermarks(summarize_segments(annotated)).localCheckpoint(eager=True))
 
 
+ROW_COLUMNS = ReconstructedWatermarks.to_structtype().names
+
+
 def no_state(spark) -> DataFrame:
     return spark.createDataFrame([], ReplicaState.to_structtype())
 
@@ -153,6 +157,7 @@ class Audit(Compared):
     part_wm: DataFrame
     prior: PriorState
     rows: DataFrame  # carried reconstructed_watermarks
+    carried: DataFrame  # the same with what the state kept of each carried version (carry_over(prior_payload=True))
     parts: DataFrame  # carried partition_watermarks
     state: DataFrame  # replica_state after the snapshot
     raw: DataFrame  # raw_topic_snapshots of the snapshot
@@ -166,28 +171,31 @@ def audit(
     own_raw = raw_frame(spark, rows, snapshot_id)
     every_raw = own_raw if raw is None else raw.unionByName(own_raw)
     prior = prior_state(state if state is not None else no_state(spark), part_wm, snapshot_id, every_raw)
-    carried_rows, carried_parts = carry_over(row_wm, part_wm, prior.versions, prior.context)
-    carried_rows = carried_rows.localCheckpoint(eager=True)
-    # As the asset runs it: the comparison's pass writes the state's VERSION rows, the contexts follow from its sums.
-    comparison, after = compared_with_state(spark, carried_rows, carried_parts, prior, snapshot_id)
+    # As the asset runs it: a small cut (its per-key facts broadcast to the carried versions), the carried rows holding
+    # what the state kept of them; the comparison's pass writes the state's VERSION rows, the contexts follow from its
+    # sums.
+    carried, carried_parts = carry_over(row_wm, part_wm, prior.versions, prior.context,
+                                        cut_rows=len(rows), prior_payload=True)
+    carried = carried.localCheckpoint(eager=True)
+    comparison, after = compared_with_state(spark, carried, carried_parts, prior, snapshot_id)
     reports, summary = comparison.reports, comparison.summary
     return Audit(reports=[r.asDict() for r in reports.collect()], summary=[r.asDict() for r in summary.collect()],
-                 row_wm=row_wm, part_wm=part_wm, prior=prior, rows=carried_rows, parts=carried_parts, state=after,
-                 raw=own_raw)
+                 row_wm=row_wm, part_wm=part_wm, prior=prior, rows=carried.select(*ROW_COLUMNS), carried=carried,
+                 parts=carried_parts, state=after, raw=own_raw)
 
 
 def compared_with_state(spark, rows: DataFrame, parts: DataFrame, prior: PriorState, snapshot_id: str,
                         count: int | None = None):
     """The comparison with the state written by its pass, as the divergence asset runs it: (comparison, state rows).
 
-    ``count``: the rows' count, to run the pass on the driver (None: in Spark's Python workers).
+    ``rows``: ``carry_over(prior_payload=True)``'s. ``count``: the rows' count, to run the pass on the driver (None:
+    in Spark's Python workers).
     """
     store = DeltaStore(warehouse_root=tempfile.mkdtemp(prefix="state-"), engine="embedded")
     table = "replica_state"
     stage_ = store.arrow_stage(table, snapshot_id, struct_for(table), TableValidation(model_for(table)).arrow_rules())
     layout = comparison_layout(parts)
-    comparison = compare(rows, parts, layout, rows=count, state=state_files(stage_, layout),
-                         carried=carried_versions(prior.versions, prior.context) if prior.links else None)
+    comparison = compare(rows, parts, layout, rows=count, state=state_files(stage_, layout))
     store.write_arrow(stage_, contexts_from_sums(parts, prior.context, comparison.state_sums), name="contexts")
     staged = store.stage_arrow(stage_, struct_for(table))
     assert staged.metrics["rule_counts"] == [0] * len(stage_.rules)
@@ -246,7 +254,7 @@ def test_the_state_the_comparisons_pass_writes_is_the_state_spark_aggregates(spa
     for audited in (audits.s1, audits.s2, audits.s3):
         aggregated = next_state(audited.rows, audited.parts, audited.prior.versions, audited.prior.context)
         assert state_rows(audited.state) == state_rows(aggregated)
-        _, on_driver = compared_with_state(spark, audited.rows, audited.parts, audited.prior,
+        _, on_driver = compared_with_state(spark, audited.carried, audited.parts, audited.prior,
                                            audited.state.first()["snapshot_id"], count=audited.rows.count())
         assert state_rows(on_driver) == state_rows(aggregated)
 
@@ -268,6 +276,26 @@ def canonical(df: DataFrame) -> list[tuple]:
 
 
 # --------------------------------------------------------------------------- pure functions
+
+
+def test_carry_over_gives_the_same_rows_whether_a_cut_is_broadcast_or_shuffled(audits):
+    """A small cut's per-key facts are broadcast to the carried versions' scan (the asset's plan for a live store's
+    cuts); a large cut's are shuffled and sort-merged with them. Catches the two plans giving different rows: a carried
+    key touch lost by the filter on the cut's keys, a carried version given another key's first row in the snapshot,
+    or the carried payload (origin, stream position, touch) differing; and a plan that stops being the one meant."""
+    audited = audits.s2  # continues S1's state (S3 starts at START_OF_PUSH: nothing carried)
+    prior = audited.prior
+    small, _ = carry_over(audited.row_wm, audited.part_wm, prior.versions, prior.context, cut_rows=10,
+                          prior_payload=True)
+    large, _ = carry_over(audited.row_wm, audited.part_wm, prior.versions, prior.context, prior_payload=True)
+    # The joins on a key (the carried versions' with the cut's rows): sort-merged only for the large cut.
+    by_key = re.compile(r"(SortMergeJoin|BroadcastHashJoin) \[[^\]]*\bkey#")
+    plans = {name: by_key.findall(df._jdf.queryExecution().sparkPlan().toString())
+             for name, df in (("small", small), ("large", large))}
+    assert plans["small"] and set(plans["small"]) == {"BroadcastHashJoin"}
+    assert plans["large"] and set(plans["large"]) == {"SortMergeJoin"}
+    assert canonical(small) == canonical(large) == canonical(audited.carried)
+    assert small.where(F.col("is_prior")).count() == prior.carried_versions > 0
 
 
 def test_carry_over_extends_l_u_m_and_adds_each_carried_version_at_its_real_offset(audits):
@@ -335,12 +363,19 @@ def test_next_state_keeps_the_last_version_per_key_and_one_context_per_replica_p
 
 
 def test_context_problems_finds_missing_changed_and_duplicated_state(audits):
+    """Catches a state whose VERSION rows lost a row or changed a column passing its context's check (count or
+    checksum), a checksum that depends on the rows' order, a duplicated context passing, and the checksum counted in
+    Spark's Python workers differing from the one counted on the driver."""
     state = audits.s1.state.where(F.col("topic") == TOPIC)
     versions = state.where(F.col("row_kind") == VERSION)
     contexts = state.where(F.col("row_kind") == CONTEXT)
 
     def problems(v: DataFrame, c: DataFrame) -> set[tuple]:
-        return {(r["replica"], r["problem"]) for r in context_problems(v, c).collect()}
+        # Counted in Spark's Python workers (a large state) and on the driver (a small one): the same problems.
+        found = [{(r["replica"], r["problem"], r["found"]) for r in context_problems(v, c, driver=d).collect()}
+                 for d in (False, True)]
+        assert found[0] == found[1]
+        return {(replica, problem) for replica, problem, _ in found[0]}
 
     assert problems(versions, contexts) == set()
     # Row order does not change the checksum.
@@ -1075,7 +1110,7 @@ def test_the_pass_in_spark_workers_writes_no_state_of_an_absent_replica_partitio
     prior = prior_state(c1.state, part_wm, "k2", raw, absent=absent)
     assert [(link["replica"], link["absent"]) for link in prior.links] == [(A, True), (B, False)]
     parts = part_wm.unionByName(absent_watermarks(absent, prior.context))
-    rows, parts = carry_over(row_wm, parts, prior.versions, prior.context)
+    rows, parts = carry_over(row_wm, parts, prior.versions, prior.context, prior_payload=True)
     coalescing = spark.conf.get("spark.sql.adaptive.coalescePartitions.enabled")
     spark.conf.set("spark.sql.adaptive.coalescePartitions.enabled", "false")
     try:

@@ -4,8 +4,9 @@ A commit context keeps ``state_checksum``: the sum modulo 2^64 of Spark's ``xxha
 VERSION row's columns (``version_hash``), vectors as their entries sorted by region. The Leap
 Frog comparison writes the VERSION rows itself, from its Arrow batches in Spark's Python tasks
 (``pipelines/leapfrog.py``), and counts each task's share of the checksum here, as it writes
-them: no Spark job reads the rows again to checksum them. ``prior.py`` still checks a state with
-Spark's ``version_hash``; the two must agree bit for bit (``tests/test_arrow_checksum.py``).
+them: no Spark job reads the rows again to checksum them. ``prior.py`` checks a carried state the
+same way (``state_sums``, over the VERSION rows read); a state Spark wrote (``next_state``) has
+Spark's ``version_hash``: the two must agree bit for bit (``tests/test_arrow_checksum.py``).
 
 Spark's ``xxhash64(c1, c2, ...)`` starts from the seed 42 and hashes each column's value with the
 hash so far as its seed; a null leaves it as it is. Per type (Spark's ``XXH64``, the reference
@@ -19,7 +20,7 @@ numpy and pyarrow only: this module travels by value to Spark's Python workers w
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -158,6 +159,46 @@ def row_hashes(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> np.n
         for name in columns:
             hashes = _hash_column(table.column(name), hashes)
     return hashes
+
+
+STATE_SUMS = ("snapshot_id", "replica", "topic", "partition")
+
+
+def state_sums(batches: Iterable[pa.RecordBatch], columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    """Per (snapshot, replica partition) of VERSION rows (``STATE_SUMS`` and ``columns``): their count and their share
+    of the checksum (``found_rows``, ``found_checksum``: a signed long), one batch of a few rows for all ``batches``.
+
+    What ``prior.py`` checks a carried state's contexts against; the shares of several tasks add up modulo 2^64.
+    """
+    totals: dict[tuple, list[int]] = {}
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        hashes = row_hashes(batch, columns)
+        codes, names = [], []
+        for name in STATE_SUMS:
+            encoded = pc.dictionary_encode(batch.column(name))
+            codes.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+            names.append(encoded.dictionary.to_pylist())
+        group = np.zeros(batch.num_rows, np.int64)
+        for code, values in zip(codes, names):
+            group = group * len(values) + code
+        ids, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+        sums = np.zeros(len(ids), np.uint64)
+        np.add.at(sums, inverse, hashes)
+        counts = np.bincount(inverse, minlength=len(ids))
+        for i, at in enumerate(first):
+            total = totals.setdefault(tuple(values[code[at]] for code, values in zip(codes, names)), [0, 0])
+            total[0] += int(counts[i])
+            total[1] += int(sums[i])
+    if totals:
+        keys = list(totals)
+        types = (pa.string(), pa.string(), pa.string(), pa.int32())
+        yield pa.RecordBatch.from_pydict({
+            **{name: pa.array([k[i] for k in keys], t) for i, (name, t) in enumerate(zip(STATE_SUMS, types))},
+            "found_rows": pa.array([totals[k][0] for k in keys], pa.int64()),
+            "found_checksum": pa.array([signed(totals[k][1]) for k in keys], pa.int64()),
+        })
 
 
 def checksum(hashes: np.ndarray) -> int:

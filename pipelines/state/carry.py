@@ -82,7 +82,9 @@ from pipelines.state.rows import (
 )
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import partition_regions, running_max_single, sparse, vector_max
+from resources.tuning import BROADCAST_MAX_ROWS
 from schemas.conform import conform, local_frame
+from schemas.raw import VECTOR
 from schemas.state import ReplicaState
 from schemas.watermarks import PartitionWatermarks, ReconstructedWatermarks
 
@@ -118,6 +120,13 @@ __all__ = [
 
 
 # ---------------------------------------------------------------- carry over
+# What a carried row holds besides ``reconstructed_watermarks``' columns with ``carry_over(prior_payload=True)``: what
+# the state kept of the version (its origin, stream position and per-key touch), for the next state.
+PRIOR_PAYLOAD = T.StructType([
+    T.StructField("is_prior", T.BooleanType()), T.StructField("prior_origin", T.StringType()),
+    T.StructField("prior_missing", T.LongType()), T.StructField("prior_touch", VECTOR),
+])
+
 def read_between(skipped: DataFrame, partition_wm: DataFrame, prior_context: DataFrame) -> DataFrame:
     """Per continued replica partition (``read_between``): the positions between the state's last offset and S's
     first row that a snapshot read and skipped by rule (``raw_topic_skipped`` of S or of the predecessor: a value's
@@ -181,7 +190,7 @@ def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame,
 
 def carry_over(
     row_wm: DataFrame, partition_wm: DataFrame, prior_versions: DataFrame, prior_context: DataFrame,
-    between: DataFrame | None = None,
+    between: DataFrame | None = None, cut_rows: int | None = None, prior_payload: bool = False,
 ) -> tuple[DataFrame, DataFrame]:
     """One snapshot's (``reconstructed_watermarks``, ``partition_watermarks``) continued from ``prior_context``.
 
@@ -191,9 +200,20 @@ def carry_over(
     (a verified overlap) are left out. Replica partitions without a context pass
     through unchanged. The output has exactly the input schemas (see the module docstring). ``between``
     (``read_between``): the positions between a state and S that were read and skipped, not gaps.
+
+    ``cut_rows``: at most how many rows ``row_wm`` holds (the Delta log knows); at most ``BROADCAST_MAX_ROWS``, its
+    per-key facts are sent to every task of the carried versions (broadcast joins), which are then neither shuffled
+    nor sorted: an incremental audit of a small cut costs the carried versions one scan. Otherwise (or unknown) both
+    sides are shuffled and sort-merged; never is the state broadcast (its Parquet files are small for their rows, so
+    Spark's estimate would broadcast hundreds of megabytes). ``prior_payload``: the carried rows also hold what the
+    state kept of them (``PRIOR_PAYLOAD``: ``is_prior``, ``prior_origin``, ``prior_missing``, ``prior_touch``; null on
+    the snapshot's own rows), for the comparison's pass to write the next state from (``pipelines.leapfrog.compare``).
     """
     rp = list(REPLICA_PARTITION)
+    # A row per continued replica partition, used by every branch below: computed once, then a local relation (its
+    # broadcasts then run no Spark job each).
     facts = _stream_facts(partition_wm, prior_context, between)
+    facts = local_frame(facts.sparkSession, [tuple(row) for row in facts.collect()], facts.schema)
     stream = facts.select(
         "snapshot_id", *rp, "previous_snapshot_id", "prior_end", "prior_last_offset", "stream_pre_history",
         "stream_end", "start_gap", "prior_gap_positions", "missing_before_snapshot",
@@ -215,9 +235,10 @@ def carry_over(
     carried = (
         prior_versions.where(F.col("row_kind") == VERSION)
         .select(F.col("snapshot_id").alias("previous_snapshot_id"), *rp,
-                *CARRIED_COLUMNS)
-        .join(stream, on=["previous_snapshot_id", *rp], how="inner")
+                *CARRIED_COLUMNS, "origin_snapshot_id")
+        .join(F.broadcast(stream), on=["previous_snapshot_id", *rp], how="inner")
     )
+    small_cut = cut_rows is not None and cut_rows <= BROADCAST_MAX_ROWS
 
     regions = partition_regions(parts)
     by_key = Window.partitionBy("snapshot_id", *rp, "key").orderBy("offset")
@@ -231,11 +252,19 @@ def carry_over(
     own_touch = F.when(
         after_gap, F.when(F.col("touch_bound").isNotNull(), vector_max(F.col("touch_bound"), F.col("prior_touch")))
     ).when(known, vector_max(F.col("stream_pre_history"), vector_max(F.col("prior_touch"), touched)))
-    own = (
-        row_wm.join(stream, on=["snapshot_id", *rp], how="inner")
+    continued = (
+        row_wm.join(F.broadcast(stream), on=["snapshot_id", *rp], how="inner")
         # S's rows up to the state's last offset are the state's already (a verified overlap): S continues after it.
         .where(F.col("offset") > F.col("prior_last_offset"))
-        .join(carried.select(*rp, "key", F.col("key_touch").alias("prior_touch")), on=[*rp, "key"], how="left")
+    )
+    touches = carried.select(*rp, "key", F.col("key_touch").alias("prior_touch"))
+    if small_cut:  # the carried versions of the keys S writes, found by a scan against S's keys, sent to S's rows
+        written_keys = F.broadcast(continued.select(*rp, "key").distinct())
+        touches = F.broadcast(touches.join(written_keys, on=[*rp, "key"], how="left_semi"))
+    else:
+        touches = touches.hint("shuffle_merge")
+    own = (
+        continued.join(touches, on=[*rp, "key"], how="left")
         .select(
             "*",
             # L and M of S's rows only grow by what the stream had applied before S.
@@ -265,8 +294,13 @@ def carry_over(
         .when(F.col("snapshot_first_gap").isNotNull(), snapshot_gap)
         .otherwise(F.col("stream_end"))
     )
+    firsts = F.broadcast(firsts) if small_cut else firsts.hint("shuffle_merge")
+    payload = [
+        F.lit(True).alias("is_prior"), F.col("origin_snapshot_id").alias("prior_origin"),
+        F.col("missing_before").alias("prior_missing"), F.col("key_touch").alias("prior_touch"),
+    ] if prior_payload else []
     carried_rows = carried.join(firsts, on=[*rp, "key"], how="left").select(
-        *[c for c in carried.columns if c not in ("touch_bound", "reach", "missing_before")],
+        *[c for c in carried.columns if c not in ("touch_bound", "reach", "missing_before", "origin_snapshot_id")],
         F.col("first_lower_bound").alias("applied_lower_bound"),
         # After a gap: the U it had (unknown stays unknown); else the stream's P and the key's touches.
         F.when(carried_missing > 0, F.col("touch_bound"))
@@ -274,10 +308,15 @@ def carry_over(
         carried_reach.alias("reach"),
         # ⊥ of a carried key reaches its stored first_lower_bound: the carried row counts as before any gap.
         F.lit(0).cast(T.LongType()).alias("missing_before"),
+        *payload,
     )
-    untouched_rows = row_wm.join(stream.select("snapshot_id", *rp), on=["snapshot_id", *rp], how="left_anti")
+    untouched_rows = row_wm.join(F.broadcast(stream.select("snapshot_id", *rp)), on=["snapshot_id", *rp], how="left_anti")
     untouched_parts = partition_wm.join(stream.select("snapshot_id", *rp), on=["snapshot_id", *rp], how="left_anti")
     part_struct = PartitionWatermarks.to_structtype()
+    if prior_payload:  # the snapshot's own rows hold none of it
+        row_struct = T.StructType(row_struct.fields + PRIOR_PAYLOAD.fields)
+        nulls = {f.name: F.lit(None).cast(f.dataType) for f in PRIOR_PAYLOAD.fields}
+        own_rows, untouched_rows = conform(own_rows, row_struct, nulls), conform(untouched_rows, row_struct, nulls)
     return (
         conform(untouched_rows, row_struct)
         .unionByName(conform(own_rows, row_struct))

@@ -91,6 +91,7 @@ state is kept, as before.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterable
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -98,7 +99,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.state.rows import CONTEXT, REPLICA_PARTITION, VERSION, checksum, version_hash
+from pipelines.state.arrow_checksum import state_sums
+from pipelines.state.rows import CONTEXT, REPLICA_PARTITION, VERSION, VERSION_COLUMNS, checksum
+from resources.tuning import on_driver
 from schemas.conform import local_frame
 from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState
@@ -295,17 +298,44 @@ def overlap_differences(raw: DataFrame, links: DataFrame) -> DataFrame:
     )
 
 
-def context_problems(prior_versions: DataFrame, prior_context: DataFrame) -> DataFrame:
+_FOUND = T.StructType([
+    T.StructField("snapshot_id", T.StringType()), T.StructField("replica", T.StringType()),
+    T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
+    T.StructField("found_rows", T.LongType()), T.StructField("found_checksum", T.LongType()),
+])
+
+
+def found_sums(prior_versions: DataFrame, driver: bool = False) -> DataFrame:
+    """Per snapshot and replica partition of ``prior_versions``' VERSION rows: how many (``found_rows``) and their
+    checksum (``found_checksum``, ``rows.checksum`` of ``version_hash``).
+
+    Counted on Arrow batches with numpy (``arrow_checksum.state_sums``, equal to Spark's ``xxhash64`` bit for bit):
+    in Spark's Python workers, each task's share added up by Spark (a few rows); ``driver``, the rows are few and come
+    over as Arrow, counted here (no Python worker to start). Spark's own hash of every vector's sorted entries and a
+    decimal sum cost several times more per carried version.
+    """
+    keys = ["snapshot_id", *REPLICA_PARTITION]
+    versions = prior_versions.where(F.col("row_kind") == VERSION).select(*keys, *VERSION_COLUMNS)
+    if driver:
+        counted = [row for batch in state_sums(versions.toArrow().to_batches(), VERSION_COLUMNS)
+                   for row in batch.to_pylist()]
+        return local_frame(prior_versions.sparkSession, [tuple(r[f.name] for f in _FOUND.fields) for r in counted],
+                           _FOUND)
+    shares = versions.mapInArrow(partial(state_sums, columns=VERSION_COLUMNS), _FOUND)
+    return shares.groupBy(*keys).agg(F.sum("found_rows").alias("found_rows"),
+                                     checksum(F.col("found_checksum")).alias("found_checksum"))
+
+
+def context_problems(prior_versions: DataFrame, prior_context: DataFrame, driver: bool = False) -> DataFrame:
     """Every way the CONTEXT rows of ``prior_context`` disagree with their VERSION rows in ``prior_versions``.
 
     One row per problem: the context's snapshot and replica partition, ``problem``
     (DUPLICATE_CONTEXT, STATE_ROWS or STATE_CHECKSUM), ``expected`` (what the context
     says) and ``found`` (what the VERSION rows give). Empty when the state can be used.
+    ``driver``: the VERSION rows are few, counted on the driver (``found_sums``).
     """
     keys = ["snapshot_id", *REPLICA_PARTITION]
-    found = prior_versions.where(F.col("row_kind") == VERSION).groupBy(*keys).agg(
-        F.count(F.lit(1)).alias("found_rows"), checksum(version_hash()).alias("found_checksum")
-    )
+    found = found_sums(prior_versions, driver)
     expected = prior_context.where(F.col("row_kind") == CONTEXT).groupBy(*keys).agg(
         F.count(F.lit(1)).alias("contexts"),
         F.max("state_rows").alias("state_rows"),
@@ -491,8 +521,10 @@ def prior_state(
                 f"{_name(link)}: the state of snapshot {link['previous_snapshot_id']} changed while "
                 f"{snapshot_id} was read (re-materialized or dropped by state retention meanwhile); audit again"
             )
+    # The carried versions are counted on the driver when their contexts say they are few (``on_driver``).
+    carried_rows = sum(int(rows or 0) for rows in found.values())
     problems = sorted(
-        context_problems(versions, context).collect() if continued else [],
+        context_problems(versions, context, driver=on_driver(carried_rows)).collect() if continued else [],
         key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
     )
     by_context: dict[tuple, list[str]] = {}
