@@ -57,8 +57,8 @@ witnesses. The same pass also knows, per key and replica, the key's last version
 (with the reach of its ⊥ and its highest source offset per region): the replica state
 (``pipelines/state/carry.py``). The audit has the pass write the state's VERSION rows itself
 (``state``: each task one Parquet file of the staged write; the carried versions the snapshot
-continues are rows of their keys that also hold what the state kept of them) and return only each replica partition's row count
-and checksum share (``pipelines/state/arrow_checksum.py``, equal to Spark's ``xxhash64``);
+continues are rows of their keys that also hold what the state kept of them) and return only
+each replica partition's row count and checksum share (``pipelines/state/arrow_checksum.py``, equal to Spark's ``xxhash64``);
 without ``state`` it returns the last versions (``Comparison.last_versions``) for ``next_state``.
 Either way, no other exchange and sort-based aggregation of every row. Written as Spark windows, joins
 and aggregates instead (an ordering per region and rank problem, a full join of the two
@@ -81,23 +81,15 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from functools import partial, reduce
-from typing import Iterator, Sequence
 
 from pyspark import cloudpickle
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
 from pipelines.state.absent import written_in_state
-from pipelines.state.arrow_checksum import row_hashes
 from pipelines.state.carry import kept_where_gapped
-from pipelines.state.rows import LAST_VERSION_COLUMNS, VERSION, VERSION_COLUMNS
-from pipelines.arrow_vectors import map_vectors
-from pipelines.stream_pass import task_number
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
 from resources.staged_files import ArrowStage
@@ -105,7 +97,6 @@ from resources.tuning import on_driver
 from schemas.conform import conform, local_batches, local_frame
 from schemas.raw import VECTOR
 from schemas.divergence import DivergenceReports, DivergenceSummary
-from schemas.state import ReplicaState
 
 from pipelines.leapfrog_kernel import (  # noqa: F401 - earliest_proofs re-exported
     ABSENT,
@@ -118,7 +109,6 @@ from pipelines.leapfrog_kernel import (  # noqa: F401 - earliest_proofs re-expor
     SIDES,
     StateFiles,
     _PAYLOAD,
-    _key_counts,
     compare_columns,
     compare_keys,
     earliest_proofs,
@@ -230,22 +220,20 @@ def _compared(
     # ⊥'s reach stops at the dump's first gap (SPEC 3a): a row after it gives that gap's L, not its own.
     dense_of = {"u": dense(F.col("touch_bound"), regions), "m": dense(F.col("reach"), regions),
                 "l": dense(bottom_reach(), regions)}
-    prior: list = []  # what the state kept of each carried version, as the pass reads it (``_prior_of``)
+    prior: dict[str, Column] = {}  # what the state kept of each carried version, as the pass reads it (``_prior_of``)
     if state is not None and "is_prior" in row_watermarks.columns:
         touch = dense(F.col("prior_touch"), regions)
-        prior = ["is_prior", "prior_origin", "prior_missing",
-                 *[F.coalesce(touch[r], F.lit(MISSING).cast(T.LongType())).alias(f"prior_touch_{r}")
-                   for r in range(len(regions))]]
-    prior_names = [c if isinstance(c, str) else f"prior_touch_{i - 3}" for i, c in enumerate(prior)]
+        prior = {name: F.col(name) for name in ("is_prior", "prior_origin", "prior_missing")} | {
+            f"prior_touch_{r}": F.coalesce(touch[r], F.lit(MISSING).cast(T.LongType())) for r in range(len(regions))}
     flat = row_watermarks.join(F.broadcast(ids), on=list(REPLICA_PARTITION), how="inner").select(
         "part_id", "replica_id", "key", "offset", F.col("value_hash").alias("token"),
         F.col("touch_bound").isNotNull().alias("known"), F.col("missing_before").alias("missing"),
-        *[dense_of[v].alias(v) for v in dense_of], *_PAYLOAD, *prior,
+        *[dense_of[v].alias(v) for v in dense_of], *_PAYLOAD, *[column.alias(name) for name, column in prior.items()],
     ).select(
         "part_id", "replica_id", "key", "offset", "token", "known", "missing",
         *[F.coalesce(F.col(v)[r], F.lit(MISSING).cast(T.LongType())).alias(f"{v}_{r}")
           for v in dense_of for r in range(len(regions))],
-        *_PAYLOAD, *prior_names,
+        *_PAYLOAD, *prior,
     )
     schema = compare_columns(len(regions))
     kernel = partial(compare_keys, pairs=layout.plans, region_names=tuple(regions), gaps=layout.gaps, state=state)
