@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,8 +111,9 @@ def pytest_configure(config):
 # one after the other (the group's place is its first file's), and its fixture is built once. The Kafka brokers (three
 # JVMs) are started once for both broker files and stopped when the group is done (``pytest_runtest_teardown``), not
 # kept idle to the end of the run: idle, three brokers take about a tenth of a core.
-FILE_GROUPS = {"test_watch.py": "kafka", "test_kafka_brokers.py": "kafka"}
-GROUP_FIXTURES = {"kafka": "kafka_clusters"}
+FILE_GROUPS = {"test_watch.py": "kafka", "test_kafka_brokers.py": "kafka",
+               "test_audit_e2e.py": "example", "test_blocking_checks.py": "example"}
+GROUP_FIXTURES = {"kafka": "kafka_clusters", "example": "example_audit"}
 
 
 def _group(name: str) -> str:
@@ -224,3 +228,38 @@ def compiled_by_default(spark):
         yield spark
     finally:
         interpret_by_default(spark)
+
+
+@dataclass
+class ExampleAudit:
+    """The shared example's audit (``example_audit``): its warehouse, the run's result, instance and step lines."""
+
+    landing: Path
+    warehouse: Path
+    audit: Any  # replica_lens.audit.SnapshotAudit
+    instance: Any  # the Dagster instance the run was recorded in
+    printed: Any  # tests.test_audit_e2e._Recorder: each step's line, with when it was written
+
+
+@pytest.fixture(scope="session")
+def example_audit(spark, tmp_path_factory):
+    """The shared example (tests/data/two-regions) audited once, as ``run_audit`` runs it, into a Dagster instance of its
+    own with a ``StepPrinter`` recording each step's line as it ends. tests/test_audit_e2e.py checks the run itself;
+    tests/test_blocking_checks.py starts from a copy of its warehouse (an audit that published every table). The
+    tests read it and never write into it: a test that audits again copies the warehouse first."""
+    import shutil
+
+    import dagster as dg
+
+    from replica_lens.audit import StepPrinter, run_audit
+    from tests.rows import EXAMPLES
+    from tests.test_audit_e2e import SETTINGS, _Recorder
+
+    root = tmp_path_factory.mktemp("example-audit")
+    landing, warehouse = root / "landing", root / "warehouse"
+    shutil.copytree(EXAMPLES / "two-regions", landing / "two-regions")
+    printed = _Recorder()
+    with dg.DagsterInstance.ephemeral() as instance:
+        audit = run_audit("two-regions", str(landing), str(warehouse), instance=instance,
+                          watcher=StepPrinter(printed), **SETTINGS)
+        yield ExampleAudit(landing, warehouse, audit, instance, printed)
