@@ -243,10 +243,10 @@ class ExampleAudit:
 
 @pytest.fixture(scope="session")
 def example_audit(spark, tmp_path_factory):
-    """The shared example (tests/data/two-regions) audited once, as ``run_audit`` runs it, into a Dagster instance of its
-    own with a ``StepPrinter`` recording each step's line as it ends. tests/test_audit_e2e.py checks the run itself;
-    tests/test_blocking_checks.py starts from a copy of its warehouse (an audit that published every table). The
-    tests read it and never write into it: a test that audits again copies the warehouse first."""
+    """The shared example (tests/data/two-regions) audited once, as ``run_audit`` runs it, into a Dagster instance
+    of its own with a ``StepPrinter`` recording each step's line as it ends. tests/test_audit_e2e.py checks the run
+    itself; tests/test_blocking_checks.py starts from a copy of its warehouse (an audit that published every table).
+    The tests read it and never write into it: a test that audits again copies the warehouse first."""
     import shutil
 
     import dagster as dg
