@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,32 +13,42 @@ from tests.examples import register_profiles
 register_profiles()  # before pytest's Hypothesis plugin loads --hypothesis-profile (tests/examples.py)
 os.environ.setdefault("PYSPARK_PYTHON", os.sys.executable)
 
-# The test files that take longest, longest first (`pytest --durations=0`, summed per file). The
-# README's command hands whole files to two workers in collection order (scripts/test.sh), so
-# these go first and short files fill in at the end: no long file starts last and runs alone
-# while the other worker is idle. Only the order changes; a file missing here runs after them.
+# The test files that take longest, longest first (`pytest --junitxml`, test times summed per file, measured at
+# 67379a3 on two workers). The README's command hands whole files to two workers in collection order
+# (scripts/test.sh), so these go first and short files fill in at the end: no long file starts last and runs alone
+# while the other worker is idle. Only the order changes; a file missing here runs after them. The files of a group
+# (FILE_GROUPS below) run together, at the place of the group's first file.
 LONGEST_FIRST = (
     "test_watch.py",
     "test_incremental.py",
     "test_reliability.py",
-    "test_state_bounded.py",
-    "test_benchmark.py",
-    "test_ui_browser.py",
-    "test_cluster.py",
     "test_native_delta.py",
+    "test_ui_browser.py",
     "test_venice_ingest.py",
-    "test_kafka_brokers.py",
+    "test_cluster.py",
     "test_audit_e2e.py",
+    "test_benchmark.py",
+    "test_state_bounded.py",
     "test_leapfrog_properties.py",
     "test_venice_simulated.py",
-    "test_venice_fuzz_spark.py",
-    "test_ingest_fuzz.py",
-    "test_ingest.py",
+    "test_stream_pass.py",
     "test_validation.py",
     "test_code_generation.py",
-    "test_leapfrog.py",
+    "test_kafka_brokers.py",
+    "test_ingest.py",
+    "test_ingest_fuzz.py",
+    "test_delta_store.py",
     "test_simulated_anomalies.py",
+    "test_leapfrog.py",
     "test_definitions.py",
+    "test_venice_fuzz_spark.py",
+    "test_read_positions.py",
+    "test_kafka_dump.py",
+    "test_blocking_checks.py",
+    "test_simulator.py",
+    "test_arrow_checksum.py",
+    "test_exporters.py",
+    "test_explain_render.py",
     "test_anomalies.py",
 )
 
@@ -94,9 +107,52 @@ def pytest_configure(config):
         os.environ[SUITE_DELTA_JARS_ENV] = SUITE_DELTA_JARS
 
 
+# Test files that share a session fixture too costly to build twice: each group goes whole to one worker, its files
+# one after the other (the group's place is its first file's), and its fixture is built once. The Kafka brokers (three
+# JVMs) are started once for both broker files and stopped when the group is done (``pytest_runtest_teardown``), not
+# kept idle to the end of the run: idle, three brokers take about a sixth of a core (9 CPU-seconds a minute).
+FILE_GROUPS = {"test_watch.py": "kafka", "test_kafka_brokers.py": "kafka",
+               "test_audit_e2e.py": "example", "test_blocking_checks.py": "example"}
+GROUP_FIXTURES = {"kafka": "kafka_clusters", "example": "example_audit"}
+
+
+def _group(name: str) -> str:
+    return FILE_GROUPS.get(name, name)
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))  # stable: each file's order kept
+    for name, group in FILE_GROUPS.items():  # a group ranks as its first file
+        rank[group] = min(rank.get(group, len(LONGEST_FIRST)), rank.get(name, len(LONGEST_FIRST)))
+    # Stable: each file's order kept, and a group's files in LONGEST_FIRST's order.
+    items.sort(key=lambda item: (rank.get(_group(item.path.name), len(LONGEST_FIRST)),
+                                 rank.get(item.path.name, len(LONGEST_FIRST))))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would return its LoadFileScheduling
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, but the files of one FILE_GROUPS group form one work unit (one worker, one fixture)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return _group(os.path.basename(path)) if os.path.basename(path) in FILE_GROUPS else path
+
+    return GroupedFileScheduling(config, log)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A group's session fixture is torn down after the group's last test (pytest builds it again if a later test
+    asks for it), so that its processes do not idle through the rest of the run."""
+    group = FILE_GROUPS.get(item.path.name)
+    if group is None or (nextitem is not None and FILE_GROUPS.get(nextitem.path.name) == group):
+        return
+    for fixturedef in item._fixtureinfo.name2fixturedefs.get(GROUP_FIXTURES[group], ()):  # noqa: SLF001
+        fixturedef.finish(item._request)  # noqa: SLF001
 
 
 @pytest.fixture(scope="session")
@@ -172,3 +228,38 @@ def compiled_by_default(spark):
         yield spark
     finally:
         interpret_by_default(spark)
+
+
+@dataclass
+class ExampleAudit:
+    """The shared example's audit (``example_audit``): its warehouse, the run's result, instance and step lines."""
+
+    landing: Path
+    warehouse: Path
+    audit: Any  # replica_lens.audit.SnapshotAudit
+    instance: Any  # the Dagster instance the run was recorded in
+    printed: Any  # tests.test_audit_e2e._Recorder: each step's line, with when it was written
+
+
+@pytest.fixture(scope="session")
+def example_audit(spark, tmp_path_factory):
+    """The shared example (tests/data/two-regions) audited once, as ``run_audit`` runs it, into a Dagster instance
+    of its own with a ``StepPrinter`` recording each step's line as it ends. tests/test_audit_e2e.py checks the run
+    itself; tests/test_blocking_checks.py starts from a copy of its warehouse (an audit that published every table).
+    The tests read it and never write into it: a test that audits again copies the warehouse first."""
+    import shutil
+
+    import dagster as dg
+
+    from replica_lens.audit import StepPrinter, run_audit
+    from tests.rows import EXAMPLES
+    from tests.test_audit_e2e import SETTINGS, _Recorder
+
+    root = tmp_path_factory.mktemp("example-audit")
+    landing, warehouse = root / "landing", root / "warehouse"
+    shutil.copytree(EXAMPLES / "two-regions", landing / "two-regions")
+    printed = _Recorder()
+    with dg.DagsterInstance.ephemeral() as instance:
+        audit = run_audit("two-regions", str(landing), str(warehouse), instance=instance,
+                          watcher=StepPrinter(printed), **SETTINGS)
+        yield ExampleAudit(landing, warehouse, audit, instance, printed)

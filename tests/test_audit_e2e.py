@@ -11,7 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from replica_lens.audit import StepPrinter, audit_document, audit_instance, run_audit, summary_lines
+from replica_lens.audit import audit_document, audit_instance, run_audit, summary_lines
 from replica_lens.reference import find_gaps
 from replica_lens.cli import main
 from replica_lens.simulator import SimulationConfig, simulate
@@ -108,12 +108,11 @@ def example_landing(tmp_path) -> Path:
 
 
 @pytest.mark.slow
-def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_landing, tmp_path):
-    warehouse = tmp_path / "warehouse"
-    instance = dg.DagsterInstance.ephemeral()
-    printed = _Recorder()
-    audit = run_audit("two-regions", str(example_landing), str(warehouse), instance=instance,
-                      watcher=StepPrinter(printed), **SETTINGS)
+def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_audit):
+    # The audit is the session's (tests/conftest.py, example_audit): run_audit with its own instance and a
+    # StepPrinter, into a warehouse of its own; tests/test_blocking_checks.py starts from a copy of its warehouse.
+    warehouse, instance, printed, audit = (example_audit.warehouse, example_audit.instance, example_audit.printed,
+                                           example_audit.audit)
 
     assert audit.success, audit.error
     # Step lines come as each step ends, not after the run (catches lines printed only once

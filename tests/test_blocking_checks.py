@@ -18,11 +18,12 @@ SNAPSHOT = "two-regions"
 
 @pytest.mark.slow
 def test_a_table_in_the_middle_that_breaks_its_schema_is_not_published_and_blocks_downstream(
-    spark, tmp_path, monkeypatch
+    spark, tmp_path, monkeypatch, example_audit
 ):
     """Catches: a table committed before (or whatever) its check says; downstream reading a bad table.
 
-    A first audit publishes every table. A second audit of the same snapshot, with a
+    A first audit publishes every table (the session's audit of the example, tests/conftest.py, whose
+    warehouse is copied here). A second audit of the same snapshot, with a
     regression that writes negative offsets into reconstructed_watermarks (a stage in the
     middle of the lineage), must fail naming the check and its violations, leave
     reconstructed_watermarks and partition_watermarks (staged in the same step) at the
@@ -31,8 +32,9 @@ def test_a_table_in_the_middle_that_breaks_its_schema_is_not_published_and_block
     landing = tmp_path / "landing"
     warehouse = tmp_path / "warehouse"
     shutil.copytree(EXAMPLES / SNAPSHOT, landing / SNAPSHOT)
-    first = run_audit(SNAPSHOT, str(landing), str(warehouse), **SETTINGS)
+    first = example_audit.audit  # the same snapshot and settings, every table published
     assert first.success, first.error
+    shutil.copytree(example_audit.warehouse, warehouse)
     store = DeltaStore(warehouse_root=str(warehouse))
     step_tables = ("reconstructed_watermarks", "partition_watermarks")
     before = {t: store.version(t) for t in (*step_tables, "divergence_reports")}
