@@ -506,8 +506,10 @@ def prior_state(
         read = others.where(F.col("snapshot_id").isin(*ids))
     else:
         read = read_states(ids).where(F.col("snapshot_id").isin(*ids))
-    context = read.where(F.col("row_kind") == CONTEXT).join(chosen, on=["snapshot_id", *rp], how="inner")
-    versions = read.where(F.col("row_kind") == VERSION).join(chosen, on=["snapshot_id", *rp], how="inner")
+    # The chosen replica partitions (a handful) go to the scan of the state, never the reverse: the state's Parquet
+    # files are small for their rows, and Spark's estimate would broadcast every carried version.
+    context = read.where(F.col("row_kind") == CONTEXT).join(F.broadcast(chosen), on=["snapshot_id", *rp], how="inner")
+    versions = read.where(F.col("row_kind") == VERSION).join(F.broadcast(chosen), on=["snapshot_id", *rp], how="inner")
 
     verified, differing = _verify_overlaps(raw, links, continued, snapshot_id)
     refusals.extend(differing)
