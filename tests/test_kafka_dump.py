@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.ingest import VeniceSettings, judge_rows, read_snapshot_lines
@@ -121,7 +122,8 @@ def test_without_the_kafka_jars_the_dump_says_which_package_is_missing(tmp_path)
 def test_a_cut_that_ends_among_a_values_chunks_ends_before_them(spark, tmp_path):
     """``watch`` cuts keep chunked values whole (``land_cut(whole_values=True)``). Catches a cut ending after a
     value's chunks but before its manifest (the value is then lost to both snapshots, MISSING_CHUNKS, and nothing
-    is provable after the gap), a trim that also drops whole records, and one that would make no progress when a
+    is provable after the gap), a trim that also drops whole records, regions read together whose partitions are
+    mixed up (one region's trailing chunks trimming another's whole records), and one that would make no progress when a
     single value's chunks fill the whole cut."""
     from pipelines.venice.decoder import is_value_chunk
     from pipelines.venice.kafka_dump import _end_before_chunks, trailing_chunks
@@ -140,6 +142,9 @@ def test_a_cut_that_ends_among_a_values_chunks_ends_before_them(spark, tmp_path)
     (region,) = {r["region"] for r in rows}
     assert trailing_chunks(inside) == {(region, "store_v1", 0): first}
     assert trailing_chunks(records.where(records["offset"] < first)) == {}  # ends on a whole record: untouched
+    # The watch reads every region in one job: each region's partitions are judged on their own records only.
+    whole = records.where(records["offset"] < first).withColumn("region", F.lit("dc-z"))
+    assert trailing_chunks(inside.unionByName(whole)) == {(region, "store_v1", 0): first}
     cut = [PartitionCut(region, "store_v1", 0, 0, first + 2, 0, "delete", broker_end=len(rows))]
     (trimmed,) = _end_before_chunks(cut, {(region, "store_v1", 0): first})
     assert (trimmed.start, trimmed.end, trimmed.broker_end) == (0, first, len(rows))

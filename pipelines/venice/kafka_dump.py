@@ -39,6 +39,7 @@ DIR`` adds every jar of a folder to ``spark.jars`` (default: ``jvm/lib/kafka-sou
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import glob
 import json
 import os
@@ -531,7 +532,7 @@ def kafka_session(spark_master: str = "local[*]", kafka_jars_dir: Optional[str] 
 
 
 def trailing_chunks(frame: DataFrame) -> dict[tuple[str, str, int], int]:
-    """Per (region, topic, partition) of a region's read whose last records are chunks of a value (its manifest
+    """Per (region, topic, partition) of a read (of one region or several) whose last records are chunks of a value (its manifest
     not yet written, or past the cut): the offset of the first of those chunks. Only the records after each
     partition's last control message are decoded (heartbeats come every few records), in Spark."""
     from pipelines.venice.decoder import KEY_HEADER_CONTROL, is_value_chunk
@@ -586,9 +587,11 @@ def land_cut(spark: SparkSession, request: DumpRequest, cuts: dict[str, list[Par
     after a gap, nothing is provable until the next heartbeat vector)."""
     frames = {region: read_region(spark, request, region, cut) for region, cut in cuts.items()
               if any(p.skipped is None for p in cut)}
-    if whole_values:
+    if whole_values and frames:
+        # Every region's trailing chunks in one Spark job (a job per region costs its start-up three times a tick).
+        starts = trailing_chunks(functools.reduce(DataFrame.unionByName, frames.values()))
         for region, frame in list(frames.items()):
-            cuts[region] = _end_before_chunks(cuts[region], trailing_chunks(frame))
+            cuts[region] = _end_before_chunks(cuts[region], starts)
             ends = {(p.topic, p.partition): p.end for p in cuts[region]}
             bound = F.lit(None).cast("long")
             for (topic, partition), end in ends.items():
