@@ -79,26 +79,29 @@ class Step:
     reports: list[str]
     summary: list[str]
     prior: PriorState
-    versions_files: list[str]  # the files the carried VERSION rows were read from
+    versions_files: list[str]  # the files of replica_state the step read (its carried VERSION rows come from them)
     read_snapshots: list[tuple[str, str]]  # (table, snapshot_id) of every one-snapshot read of the step
     retention: dict = field(default_factory=dict)  # the metadata retention_plan reports (empty: no retention)
     dropped: list[str] = field(default_factory=list)  # the snapshots whose states were dropped
 
 
-def audit_from_store(spark, store: DeltaStore, rows: list[dict], snapshot_id: str, keep: int | None, spy) -> Step:
+def audit_from_store(spark, store: DeltaStore, rows: list[dict], snapshot_id: str, keep: int | None, spy,
+                     state_files: list[str]) -> Step:
     """One divergence step as the asset runs it: contexts, the predecessors' partitions, retention after the commit."""
     row_wm, part_wm = stage(spark, rows, snapshot_id)
     store.write_snapshot(spark, raw_frame(spark, rows, snapshot_id), "raw_topic_snapshots", snapshot_id,
                          struct_for("raw_topic_snapshots"))
     spy.clear()
+    state_files.clear()
     contexts = state_contexts(spark, store)
     prior = load_prior_state(spark, store, part_wm, snapshot_id, contexts)
     carried_rows, carried_parts = carry_over(row_wm, part_wm, prior.versions, prior.context)
     carried_rows = carried_rows.localCheckpoint(eager=True)
     reports, summary = compare_replicas(carried_rows, carried_parts)
     state = next_state(carried_rows, carried_parts, prior.versions, prior.context)
-    files = prior.versions.inputFiles()
-    reads = list(spy)
+    # The files of the state read whole (the carried versions, when few, are then kept in a local copy: the plan of
+    # prior.versions no longer names them).
+    files, reads = list(state_files), list(spy)
     store.write_snapshot(spark, state, STATE, snapshot_id, struct_for(STATE))
     dropped, plan = [], {}
     if keep is not None:
@@ -119,17 +122,22 @@ class Chains:
 def chains(spark, dumps, tmp_path_factory) -> Chains:
     """The chain audited from a warehouse with retention 2; every ``DeltaStore.read_snapshot`` is spied."""
     calls: list[tuple[str, str]] = []
+    state_files: list[str] = []
     original = DeltaStore.read_snapshot
 
     def spied(self, spark, table, snapshot_id, struct, required=()):
         calls.append((table, snapshot_id))
-        return original(self, spark, table, snapshot_id, struct, required)
+        frame = original(self, spark, table, snapshot_id, struct, required)
+        if table == STATE:
+            state_files.extend(frame.inputFiles())
+        return frame
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(DeltaStore, "read_snapshot", spied)
         store = DeltaStore(warehouse_root=str(tmp_path_factory.mktemp("warehouse")))
-        steps = {sid: audit_from_store(spark, store, rows, sid, 2, calls) for sid, rows in zip(CHAIN, dumps.overlapping)}
-        reaudited = audit_from_store(spark, store, dumps.overlapping[2], "s3", 2, calls)
+        steps = {sid: audit_from_store(spark, store, rows, sid, 2, calls, state_files)
+                 for sid, rows in zip(CHAIN, dumps.overlapping)}
+        reaudited = audit_from_store(spark, store, dumps.overlapping[2], "s3", 2, calls, state_files)
     return Chains(steps, store, reaudited)
 
 

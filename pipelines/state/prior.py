@@ -102,7 +102,7 @@ from pipelines.frames import computed_once
 from pipelines.state.arrow_checksum import state_sums
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION, VERSION, VERSION_COLUMNS, checksum
 from resources.tuning import on_driver
-from schemas.conform import local_frame
+from schemas.conform import local_batches, local_frame
 from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState
 
@@ -480,11 +480,14 @@ def prior_state(
     if absent is not None:
         dumps = dumps.unionByName(absent.select(*dumps.columns))
     links = computed_once(predecessors(dumps, contexts))
-    chosen = links.where(F.col("previous_snapshot_id").isNotNull()).select(
-        F.col("previous_snapshot_id").alias("snapshot_id"), *rp
-    )
-
+    session = links.sparkSession
     link_rows = links.orderBy(*rp).collect()
+    # The chosen replica partitions, from the rows just read (a local relation: no job to broadcast it).
+    chosen = local_frame(
+        session, [(link["previous_snapshot_id"], *(link[c] for c in rp))
+                  for link in link_rows if link["previous_snapshot_id"] is not None],
+        T.StructType([T.StructField("snapshot_id", T.StringType()), *(links.schema[c] for c in rp)]),
+    )
     refusals = []
     for link in link_rows:
         if link["previous_snapshot_id"] is not None or link["absent"]:
@@ -513,6 +516,10 @@ def prior_state(
 
     verified, differing = _verify_overlaps(raw, links, continued, snapshot_id)
     refusals.extend(differing)
+    # The chosen contexts (a row per replica partition) are read once, here: every later use (the carry, the next
+    # state's contexts, the checks) reads this local copy instead of the state's files again.
+    if continued:
+        context = local_batches(session, context.toArrow().to_batches(), context.schema)
     # The contexts read with their VERSION rows must be the ones chosen: a partition re-written or dropped
     # (retention) by a concurrent audit between the two reads is refused, never half used.
     found = {(r["replica"], r["topic"], r["partition"], r["last_offset"]): r["state_rows"]
@@ -525,6 +532,9 @@ def prior_state(
             )
     # The carried versions are counted on the driver when their contexts say they are few (``on_driver``).
     carried_rows = sum(int(rows or 0) for rows in found.values())
+    if continued and on_driver(carried_rows):
+        # Few: read once, kept here for the check's checksum and the carry (each would scan the state's files again).
+        versions = local_batches(session, versions.toArrow().to_batches(), versions.schema)
     problems = sorted(
         context_problems(versions, context, driver=on_driver(carried_rows)).collect() if continued else [],
         key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
