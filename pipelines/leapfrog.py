@@ -93,7 +93,7 @@ from pipelines.state.carry import kept_where_gapped
 from pipelines.watermarks import bottom_reach
 from pipelines.vectors import MISSING, dense, sparse
 from resources.staged_files import ArrowStage
-from resources.tuning import on_driver
+from resources.tuning import on_driver, pass_tasks
 from schemas.conform import conform, local_batches, local_frame
 from schemas.raw import VECTOR
 from schemas.divergence import DivergenceReports, DivergenceSummary
@@ -206,6 +206,7 @@ def _replica_partition_ids(spark, layout: ComparisonLayout) -> DataFrame:
 
 def _compared(
     row_watermarks: DataFrame, layout: ComparisonLayout, ids: DataFrame, driver: bool, state: StateFiles | None = None,
+    tasks: int | None = None,
 ) -> DataFrame:
     """``compare_keys`` over every key: one exchange by (topic partition, key), then the pass.
 
@@ -213,6 +214,8 @@ def _compared(
     ``driver``: the rows are few (``DRIVER_MAX_ROWS``): collect them through Arrow and run
     the pass once, here, over all of them (it needs only a key's rows together, and all are),
     its output a local relation; no exchange, and no Python worker to start.
+    ``tasks``: the exchange's partitions (``pass_tasks``: one per core for a few hundred thousand rows, which adaptive
+    execution would merge into one task); None: adaptive execution's.
     ``state``: the pass writes the replica state's VERSION rows (``compare_keys``); the carried versions among the
     rows (``carry_over(prior_payload=True)``) hold what the state kept of them, which the pass continues.
     """
@@ -239,7 +242,8 @@ def _compared(
     kernel = partial(compare_keys, pairs=layout.plans, region_names=tuple(regions), gaps=layout.gaps, state=state)
     if driver:
         return local_batches(row_watermarks.sparkSession, kernel(iter(flat.toArrow().to_batches())), schema)
-    return flat.repartition("part_id", "key").mapInArrow(kernel, schema)
+    exchanged = flat.repartition("part_id", "key") if tasks is None else flat.repartition(tasks, "part_id", "key")
+    return exchanged.mapInArrow(kernel, schema)
 
 
 def _verdicts(compared: DataFrame, pairs: DataFrame, regions: list[str]) -> DataFrame:
@@ -414,7 +418,8 @@ def compare(
     pairs = local_frame(spark, layout.pairs, _PAIRS)
     ids = _replica_partition_ids(spark, layout)
     driver = on_driver(rows)
-    compared = _compared(row_watermarks, layout, ids, driver, state)
+    compared = _compared(row_watermarks, layout, ids, driver, state,
+                         tasks=pass_tasks(rows, spark.sparkContext.defaultParallelism))
     compared = compared if driver else computed_once(compared)
     per_pair = compared.where(F.col("pair_id").isNotNull())
     verdicts = _verdicts(per_pair, pairs, layout.regions)

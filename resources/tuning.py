@@ -32,6 +32,20 @@ def on_driver(rows: Optional[int]) -> bool:
     value = whole_number(os.environ.get(DRIVER_MAX_ROWS_ENV), DRIVER_MAX_ROWS_ENV, minimum=0)
     return rows is not None and rows <= (DRIVER_MAX_ROWS if value is None else value)
 
+# Above DRIVER_MAX_ROWS and at most this many rows, the Leap Frog pass in Spark's Python workers runs in one task per
+# core: adaptive execution would merge its exchange (some 65 bytes a row) into a single 32 MB partition, one Python task
+# on one core, while the pass costs CPU per row (a 1% cut with its carried state: 320,000 rows, 4 s in one task).
+# Larger inputs keep adaptive execution's partitions (already one per 32 MB).
+SPLIT_PASS_MAX_ROWS = 1_000_000
+
+
+def pass_tasks(rows: Optional[int], cores: int) -> Optional[int]:
+    """How many tasks a pass in Spark's workers over ``rows`` rows gets (None: adaptive execution's partitions)."""
+    if rows is None or on_driver(rows) or rows > SPLIT_PASS_MAX_ROWS or cores < 2:
+        return None
+    return cores
+
+
 # At most this many rows in a snapshot continuing a state (a small cut of a live store), the per-key facts of its rows
 # are broadcast to the scan of the carried versions instead of shuffling and sorting those (pipelines/state/carry.py,
 # ``carry_over``): at about 200 bytes a key, some 40 MB sent to each task.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pytest
 from pyspark.sql import DataFrame, Window
@@ -408,6 +409,28 @@ def test_the_comparison_on_the_driver_gives_the_same_tables_without_python_worke
         assert got.schema == want.schema, name
         assert _sorted_rows(got) == _sorted_rows(want), name
     assert any(r["verdict"] == "DIVERGENT" for r in on_driver.reports.collect())
+
+
+def test_a_pass_of_a_few_hundred_thousand_rows_runs_in_a_task_per_core_with_the_same_tables(stages):
+    # Bugs caught: a mid-sized pass merged by adaptive execution into one Python task (one core busy, the other idle:
+    # the exchange must name its partitions), a split that sends a key's rows to two tasks (other verdicts or last
+    # versions than the unsplit pass), and the split applied where it does not belong (a driver-sized pass, an
+    # unknown size, inputs large enough for adaptive execution's own partitions, a single core).
+    from resources.tuning import SPLIT_PASS_MAX_ROWS, pass_tasks
+
+    assert pass_tasks(None, 2) is None and pass_tasks(DRIVER_MAX_ROWS, 2) is None
+    assert pass_tasks(DRIVER_MAX_ROWS + 1, 2) == 2 and pass_tasks(SPLIT_PASS_MAX_ROWS, 8) == 8
+    assert pass_tasks(SPLIT_PASS_MAX_ROWS + 1, 2) is None and pass_tasks(DRIVER_MAX_ROWS + 1, 1) is None
+    rows, partitions = stages["watermarks"], stages["partitions"]
+    layout = comparison_layout(partitions)
+    ids = _replica_partition_ids(rows.sparkSession, layout)
+    plan = _compared(rows, layout, ids, driver=False, tasks=3)._jdf.queryExecution().executedPlan().toString()
+    assert re.search(r"Exchange hashpartitioning\(part_id#\d+, key#\d+, 3\)", plan), plan
+    unsplit = compare(rows, partitions, layout)
+    split = compare(rows, partitions, layout, rows=DRIVER_MAX_ROWS + 1)  # the pass counts no rows: a bound it trusts
+    assert rows.sparkSession.sparkContext.defaultParallelism >= 2
+    for name in ("reports", "summary", "last_versions"):
+        assert _sorted_rows(getattr(split, name)) == _sorted_rows(getattr(unsplit, name)), name
 
 
 def test_divergence_reports_schema_accepts_the_output_and_rejects_a_bad_row(stages):
