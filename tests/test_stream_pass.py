@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pipelines.watermarks import reconstruct_watermarks
 from schemas.operations import ANOMALIES
 from schemas.raw import RawTopicSnapshots
+from tests.examples import examples
 from tests.reference_windows import window_anomalies, window_segments, window_watermarks
 from tests.rows import plain, raw_frame
 
@@ -116,12 +117,12 @@ def _check(spark, rows, read, on_driver: bool) -> None:
 
 
 # Each example checks TOPICS_PER_EXAMPLE generated snapshots at once: a comparison's cost is Spark's per-job start-up
-# (a dozen jobs), not its few rows, so 3 examples of 4 check as many snapshots as 12 examples of 1, in a quarter of the
-# time. SP_EXAMPLES sets the number of examples.
+# (a dozen jobs), not its few rows, so 3 examples of 4 check as many snapshots as 12 examples of 1, in about a third of the
+# time (``examples``: ten times as many with the thorough profile).
 TOPICS_PER_EXAMPLE = 4
 
 
-@settings(max_examples=int(__import__("os").environ.get("SP_EXAMPLES", 3)), deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(snapshot=snapshots(topics=TOPICS_PER_EXAMPLE))
 def test_the_fused_pass_gives_the_window_passes_rows_on_generated_streams(spark, snapshot):
     # Catches any column of heartbeat_segments or reconstructed_watermarks that the fused pass computes otherwise
