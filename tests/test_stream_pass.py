@@ -116,9 +116,9 @@ def _check(spark, rows, read, on_driver: bool) -> None:
     return anomalies
 
 
-# Each example checks TOPICS_PER_EXAMPLE generated snapshots at once: a comparison's cost is Spark's per-job start-up
-# (a dozen jobs), not its few rows, so 3 examples of 4 check as many snapshots as 12 examples of 1, in about a third of the
-# time (``examples``: ten times as many with the thorough profile).
+# Each example checks TOPICS_PER_EXAMPLE generated snapshots at once: a comparison's cost is Spark's per-job
+# start-up (a dozen jobs), not its few rows, so 3 examples of 4 check as many snapshots as 12 examples of 1, in
+# about a third of the time (``examples``: ten times as many with the thorough profile).
 TOPICS_PER_EXAMPLE = 4
 
 

@@ -532,9 +532,9 @@ def kafka_session(spark_master: str = "local[*]", kafka_jars_dir: Optional[str] 
 
 
 def trailing_chunks(frame: DataFrame) -> dict[tuple[str, str, int], int]:
-    """Per (region, topic, partition) of a read (of one region or several) whose last records are chunks of a value (its manifest
-    not yet written, or past the cut): the offset of the first of those chunks. Only the records after each
-    partition's last control message are decoded (heartbeats come every few records), in Spark."""
+    """Per (region, topic, partition) of a read (of one region or several) whose last records are chunks of a value
+    (its manifest not yet written, or past the cut): the offset of the first of those chunks. Only the records after
+    each partition's last control message are decoded (heartbeats come every few records), in Spark."""
     from pipelines.venice.decoder import KEY_HEADER_CONTROL, is_value_chunk
 
     rp = ["region", "topic", "partition"]
@@ -588,7 +588,7 @@ def land_cut(spark: SparkSession, request: DumpRequest, cuts: dict[str, list[Par
     frames = {region: read_region(spark, request, region, cut) for region, cut in cuts.items()
               if any(p.skipped is None for p in cut)}
     if whole_values and frames:
-        # Every region's trailing chunks in one Spark job (a job per region costs its start-up three times a tick).
+        # Every region's trailing chunks in one Spark job (a job per region paid its start-up three times a tick).
         starts = trailing_chunks(functools.reduce(DataFrame.unionByName, frames.values()))
         for region, frame in list(frames.items()):
             cuts[region] = _end_before_chunks(cuts[region], starts)
