@@ -40,10 +40,12 @@ SPLIT_PASS_MAX_ROWS = 1_000_000
 
 
 def pass_tasks(rows: Optional[int], cores: int) -> Optional[int]:
-    """How many tasks a pass in Spark's workers over ``rows`` rows gets (None: adaptive execution's partitions)."""
+    """How many tasks a pass in Spark's workers over ``rows`` rows gets (None: adaptive execution's partitions): one
+    per core, each of at least ``DRIVER_MAX_ROWS`` rows (what one pass on the driver takes; a cluster's hundred cores
+    would otherwise each start a Python worker for a few hundred rows)."""
     if rows is None or on_driver(rows) or rows > SPLIT_PASS_MAX_ROWS or cores < 2:
         return None
-    return cores
+    return min(cores, -(-rows // DRIVER_MAX_ROWS))
 
 
 # At most this many rows in a snapshot continuing a state (a small cut of a live store), the per-key facts of its rows

@@ -415,12 +415,14 @@ def test_a_pass_of_a_few_hundred_thousand_rows_runs_in_a_task_per_core_with_the_
     # Bugs caught: a mid-sized pass merged by adaptive execution into one Python task (one core busy, the other idle:
     # the exchange must name its partitions), a split that sends a key's rows to two tasks (other verdicts or last
     # versions than the unsplit pass), and the split applied where it does not belong (a driver-sized pass, an
-    # unknown size, inputs large enough for adaptive execution's own partitions, a single core).
+    # unknown size, inputs large enough for adaptive execution's own partitions, a single core), and a pass split
+    # into more tasks than its rows fill (a cluster's every core starting a Python worker for a few hundred rows).
     from resources.tuning import SPLIT_PASS_MAX_ROWS, pass_tasks
 
     assert pass_tasks(None, 2) is None and pass_tasks(DRIVER_MAX_ROWS, 2) is None
     assert pass_tasks(DRIVER_MAX_ROWS + 1, 2) == 2 and pass_tasks(SPLIT_PASS_MAX_ROWS, 8) == 8
     assert pass_tasks(SPLIT_PASS_MAX_ROWS + 1, 2) is None and pass_tasks(DRIVER_MAX_ROWS + 1, 1) is None
+    assert pass_tasks(3 * DRIVER_MAX_ROWS, 64) == 3  # many cores: tasks of at least DRIVER_MAX_ROWS rows
     rows, partitions = stages["watermarks"], stages["partitions"]
     layout = comparison_layout(partitions)
     ids = _replica_partition_ids(rows.sparkSession, layout)
