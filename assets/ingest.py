@@ -27,7 +27,7 @@ from pipelines.venice.frame import (
     unknown_cluster_ids_message,
 )
 from pipelines.venice.values import Limits
-from pipelines.venice.kafka_dump import CUT_FILE, cut_rows
+from pipelines.venice.kafka_cut import CUT_FILE, cut_rows
 from resources.delta_store import DeltaStore
 from resources.filesystem import Location
 from resources.landing import LandingZone

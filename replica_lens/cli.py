@@ -134,9 +134,8 @@ def _write_bytes(path: str, data: bytes) -> None:
 
 
 def _dump_kafka(args: argparse.Namespace) -> int:
-    from pipelines.venice.kafka_dump import (
-        BrokerUnavailable, DumpRequest, default_kafka_jars, dump, options_file, parse_pairs,
-    )
+    from pipelines.venice.kafka_cut import BrokerUnavailable, DumpRequest, options_file, parse_pairs
+    from pipelines.venice.kafka_dump import default_kafka_jars, dump
     from resources.errors import UsageError
 
     options = options_file(args.kafka_options_file)

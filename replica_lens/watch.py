@@ -10,7 +10,7 @@ region, lands the new offsets as one broker snapshot and audits it incrementally
    taken again from the last published ends. Until the pending snapshot is audited no new cut is taken: a cut is
    published (landed *and* audited) whole or not at all, and the chain never has a hole.
 2. **Cut.** Per region, the topics matching the store's pattern (Venice's ``<store>_v<N>``) and, for each of their
-   partitions, the end offset, before any record is read (``kafka_dump.take_cut``). ``s`` is the cursor's last
+   partitions, the end offset, before any record is read (``kafka_cut.take_cut``). ``s`` is the cursor's last
    published ``e``; a topic the cursor does not know (a new push) starts a chain at its log start offset; a topic
    that is gone (a retired version) is no longer cut, and its last audit stays. ``max_offsets_per_partition``
    bounds ``e`` so that a backlog is read as several cuts in order. A region that does not answer is *skipped*:
@@ -41,10 +41,10 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from pipelines.venice.kafka_dump import (
-    CUT_FILE, ISOLATION_LEVELS, BrokerUnavailable, DumpRequest, PartitionCut, land_cut, list_topics, options_file,
-    take_cut,
+from pipelines.venice.kafka_cut import (
+    CUT_FILE, ISOLATION_LEVELS, BrokerUnavailable, DumpRequest, PartitionCut, list_topics, options_file, take_cut,
 )
+from pipelines.venice.kafka_dump import land_cut
 from resources.errors import InvalidSetting, UsageError
 from resources.filesystem import Location
 from resources.snapshots import SUCCESS_MARKER

@@ -163,7 +163,8 @@ def time_to_proof(args, spark, settings: dict, work: Path) -> dict:
 
     from assets.partitions import SNAPSHOTS
     from replica_lens.audit import audit_instance, run_audit
-    from pipelines.venice.kafka_dump import DumpRequest, dump
+    from pipelines.venice.kafka_cut import DumpRequest
+    from pipelines.venice.kafka_dump import dump
     from replica_lens.brokers import create_topic, kafka_files, partition_rows, produce_snapshot, start_clusters
     from replica_lens.simulator import SimulationConfig, simulate
     from replica_lens.watch import parse_stores, watch_once

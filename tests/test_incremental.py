@@ -979,7 +979,7 @@ ABSENT_CUTS = {"c2": {A: (4, 4, "brokers did not answer"), B: (2, 5, None)}, "c3
 
 
 def cut_file(snapshot_id: str, previous: str, cut: dict[str, tuple], topic: str = ABSENT) -> str:
-    """A ``_cut.json`` as ``replica-lens watch`` writes it (``pipelines/venice/kafka_dump.py``, ``cut_document``)."""
+    """A ``_cut.json`` as ``replica-lens watch`` writes it (``pipelines/venice/kafka_cut.py``, ``cut_document``)."""
     partitions = [{"region": region, "topic": topic, "partition": 0, "start": s, "end": e, "log_start": 0,
                    "delivered": e - s, "cleanup_policy": "delete", "not_delivered": 0, "broker_end": e,
                    "skipped": skipped} for region, (s, e, skipped) in sorted(cut.items())]
@@ -1100,7 +1100,7 @@ def test_the_pass_in_spark_workers_writes_no_state_of_an_absent_replica_partitio
     """Catches the pass writing the absent replica's versions into the state (or counting them in a context), a
     task holding only its keys failing on an empty state, and the state the pass writes differing from Spark's."""
     from pipelines.state.absent import absent_dumps, absent_watermarks
-    from pipelines.venice.kafka_dump import cut_rows
+    from pipelines.venice.kafka_cut import cut_rows
 
     c1 = audit(spark, ONLY_A_C1, "k1")
     row_wm, part_wm = stage(spark, ONLY_A_C2, "k2")

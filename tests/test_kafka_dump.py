@@ -17,9 +17,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.ingest import VeniceSettings, judge_rows, read_snapshot_lines
-from pipelines.venice.kafka_dump import (
-    DumpRequest, PartitionCut, kafka_source_to_snapshot, land_snapshot, parse_pairs, reader_options,
-)
+from pipelines.venice.kafka_cut import DumpRequest, PartitionCut, parse_pairs
+from pipelines.venice.kafka_dump import kafka_source_to_snapshot, land_snapshot, reader_options
 from pipelines.venice.decoder import encode_record
 from replica_lens.cli import EXIT_USAGE, main
 from resources.errors import InvalidSetting, UsageError
@@ -142,8 +141,10 @@ def test_a_cut_that_ends_among_a_values_chunks_ends_before_them(spark, tmp_path)
     (region,) = {r["region"] for r in rows}
     assert trailing_chunks(inside) == {(region, "store_v1", 0): first}
     assert trailing_chunks(records.where(records["offset"] < first)) == {}  # ends on a whole record: untouched
-    # The watch reads every region in one job: each region's partitions are judged on their own records only.
-    whole = records.where(records["offset"] < first).withColumn("region", F.lit("dc-z"))
+    # The watch reads every region in one job: each region's partitions are judged on their own records only. Another
+    # region read past the value's manifest (ending on a whole record after inside's chunks) must not hide them.
+    manifest = next(o for o in range(first, len(rows)) if o not in chunks)
+    whole = records.where(records["offset"] <= manifest).withColumn("region", F.lit("dc-z"))
     assert trailing_chunks(inside.unionByName(whole)) == {(region, "store_v1", 0): first}
     cut = [PartitionCut(region, "store_v1", 0, 0, first + 2, 0, "delete", broker_end=len(rows))]
     (trimmed,) = _end_before_chunks(cut, {(region, "store_v1", 0): first})

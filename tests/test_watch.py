@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from pipelines.venice.kafka_dump import CUT_FILE, DumpRequest, dump
+from pipelines.venice.kafka_cut import CUT_FILE, DumpRequest
+from pipelines.venice.kafka_dump import dump
 from replica_lens.audit import run_audit
 from replica_lens.brokers import (
     BROKER_JARS, broker_jars_present, create_topic, free_ports, kafka_files, partition_rows, produce_rows,

@@ -518,12 +518,14 @@ def prior_state(
     refusals.extend(differing)
     # The chosen contexts (a row per replica partition) are read once, here: every later use (the carry, the next
     # state's contexts, the checks) reads this local copy instead of the state's files again.
+    found = {}
     if continued:
-        context = local_batches(session, context.toArrow().to_batches(), context.schema)
-    # The contexts read with their VERSION rows must be the ones chosen: a partition re-written or dropped
-    # (retention) by a concurrent audit between the two reads is refused, never half used.
-    found = {(r["replica"], r["topic"], r["partition"], r["last_offset"]): r["state_rows"]
-             for r in context.select(*rp, "last_offset", "state_rows").collect()} if continued else {}
+        read_contexts = context.toArrow()
+        context = local_batches(session, read_contexts.to_batches(), context.schema)
+        # The contexts read with their VERSION rows must be the ones chosen: a partition re-written or dropped
+        # (retention) by a concurrent audit between the two reads is refused, never half used.
+        found = {(r["replica"], r["topic"], r["partition"], r["last_offset"]): r["state_rows"]
+                 for r in read_contexts.select([*rp, "last_offset", "state_rows"]).to_pylist()}
     for link in continued:
         if (link["replica"], link["topic"], link["partition"], link["previous_last_offset"]) not in found:
             refusals.append(
