@@ -101,6 +101,7 @@ def load_prior_state(
         read_stage(session, store, "raw_topic_snapshots", None),
         read_states=lambda ids: read_states(session, store, ids),
         absent=absent,
+        state_files=lambda ids: store.snapshot_files(session, STATE, ids),
     )
 
 

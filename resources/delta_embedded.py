@@ -177,6 +177,19 @@ def read_files(
     return conform(result, struct)
 
 
+def snapshot_files(uri: str, snapshot_ids: Sequence[str]) -> Optional[dict[str, list[Location]]]:
+    """``DeltaStore.snapshot_files`` for an existing table: the live files of each of ``snapshot_ids`` (an id without
+    any: an empty list), or None when the table uses a feature the embedded reader lacks (its files alone would not
+    give its rows: deletion vectors, column mapping)."""
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(uri, storage_options=delta_storage_options())
+    if reader_features(dt) & EMBEDDED_UNSUPPORTED:
+        return None
+    files = files_by_snapshot(add_actions(dt), uri, None)
+    return {i: [Location.of(file.uri) for file in files.get(i, [])] for i in snapshot_ids}
+
+
 def stream_files(uri: str, snapshot_id: str) -> Optional[list[Location]]:
     """``DeltaStore.stream_files`` for an existing table: its files of ``snapshot_id`` if all were staged by stream."""
     from deltalake import DeltaTable

@@ -249,6 +249,20 @@ class DeltaStore(dg.ConfigurableResource):
             return None
         return delta_embedded.stream_files(self.table_uri(table), snapshot_id)
 
+    def snapshot_files(
+        self, spark: SparkSession, table: str, snapshot_ids: Sequence[str],
+    ) -> Optional[dict[str, list[Location]]]:
+        """The live files of each of ``snapshot_ids`` in ``table``, for a task that reads them itself (pyarrow), or
+        None when their rows are not simply their files' (delta-spark reads the table, or it uses a feature the
+        embedded reader lacks). A file holds the columns it was written with: a later column is absent from it."""
+        for snapshot_id in snapshot_ids:
+            check_snapshot_id(snapshot_id)
+        if self._engine(spark) == "native":
+            return None
+        if not self.exists(table):
+            return {i: [] for i in snapshot_ids}
+        return delta_embedded.snapshot_files(self.table_uri(table), snapshot_ids)
+
     def snapshot_ids(self, table: str) -> list[str]:
         """The snapshots present in ``table`` (from the Delta log alone)."""
         if not self.exists(table):

@@ -822,8 +822,28 @@ def test_an_audit_of_s2_through_dagster_proves_faults_last_written_in_s1(spark, 
     assert "@2 (carried from s1)" in render_text(doc)
 
 
+# Where the check of a carried state counts its VERSION rows: on the driver (a small state, these tests' default), or
+# from the state's files in Spark's tasks (a large one, ``found_sums_of_files``: REPLICA_LENS_DRIVER_MAX_ROWS=0).
+STATE_COUNTED = pytest.mark.parametrize("driver_max_rows", [None, "0"], ids=["counted-on-driver", "counted-from-files"])
+
+
+def count_state(monkeypatch, driver_max_rows: str | None) -> None:
+    from resources.tuning import DRIVER_MAX_ROWS_ENV
+
+    if driver_max_rows is None:
+        monkeypatch.delenv(DRIVER_MAX_ROWS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(DRIVER_MAX_ROWS_ENV, driver_max_rows)
+
+
 @pytest.mark.slow
-def test_rematerializing_s2_gives_identical_state_and_reports_from_s1s_state(spark, audited_s2):
+@STATE_COUNTED
+def test_rematerializing_s2_gives_identical_state_and_reports_from_s1s_state(
+    spark, audited_s2, monkeypatch, driver_max_rows
+):
+    """Catches a re-audit that reads its own state, and a state check that refuses the untouched state it continues
+    (counted from the state's files: a column, a type or a file not counted as Spark reads them)."""
+    count_state(monkeypatch, driver_max_rows)
     landing, warehouse, _ = audited_s2
     before = {t: canonical(table(spark, warehouse, t, "s2")) for t in DIVERGENCE_STAGE}
     assert before["replica_state"] and before["divergence_reports"]
@@ -834,9 +854,13 @@ def test_rematerializing_s2_gives_identical_state_and_reports_from_s1s_state(spa
 
 
 @pytest.mark.slow
+@STATE_COUNTED
 def test_a_tampered_state_is_refused_naming_the_replica_partition_and_nothing_of_s2_is_written(
-    spark, audits, seeded, tmp_path
+    spark, audits, seeded, tmp_path, monkeypatch, driver_max_rows
 ):
+    """Catches a state that lost a VERSION row outside an audit passing its check, whether its rows are counted on
+    the driver or from its files (a file the Delta log removed still counted, the check skipped)."""
+    count_state(monkeypatch, driver_max_rows)
     landing, seeded_warehouse = seeded
     warehouse = tmp_path / "warehouse"
     shutil.copytree(seeded_warehouse, warehouse)

@@ -213,4 +213,38 @@ def signed(total: int) -> int:
 
 
 # Sent to Spark's Python workers by value, with the comparison's pass.
+def file_state_sums(
+    ids: Iterator[pa.RecordBatch], files: tuple[tuple[str, object, str], ...], schema: pa.Schema,
+    columns: Sequence[str], kind_column: str, kind: str,
+) -> Iterator[pa.RecordBatch]:
+    """``state_sums`` of the rows of kind ``kind`` in the state files whose numbers ``ids`` hold, each read here.
+
+    ``files``: (snapshot id, pyarrow filesystem, path) of a snapshot's files of ``replica_state`` (the snapshot is
+    the folder's, not a column of the files). Each file's rows are brought to ``schema`` (the columns Spark's read
+    of the table would give, in its types): a column the file was written without is null, as Spark reads it, and
+    the checksum skips nulls. No JVM converts the rows into Arrow: the file's own Arrow columns are hashed.
+    """
+    import pyarrow.parquet as pq
+
+    def rows() -> Iterator[pa.RecordBatch]:
+        for batch in ids:
+            for number in batch.column(0).to_pylist():
+                snapshot_id, fs, path = files[number]
+                table = pq.read_table(path, filesystem=fs)
+                # Typed first: a file rewritten by another writer may hold views of strings (delta-rs), which
+                # pyarrow's filter cannot take.
+                arrays = []
+                for field in schema:
+                    if field.name == "snapshot_id":
+                        arrays.append(pa.chunked_array([pa.array([snapshot_id] * table.num_rows, field.type)]))
+                    elif field.name in table.column_names:
+                        arrays.append(table[field.name].cast(field.type))
+                    else:
+                        arrays.append(pa.chunked_array([pa.nulls(table.num_rows, field.type)]))
+                typed = pa.Table.from_arrays(arrays, schema=schema)
+                yield from typed.filter(pc.equal(table[kind_column].cast(pa.string()), kind)).to_batches()
+
+    yield from state_sums(rows(), columns)
+
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
