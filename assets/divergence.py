@@ -3,7 +3,7 @@
 A snapshot whose dumps continue earlier ones is compared with the state carried over
 from them (``pipelines/state/carry.py``); the state after it is written last, in one commit.
 The state it continues is chosen and checked first, and a dump that overlaps it is verified
-against the predecessor's raw rows (``pipelines/state/prior.py``); ``carried_from`` says,
+against the predecessor's raw rows (``pipelines/state/prior.py``, ``overlap.py``, ``check.py``); ``carried_from`` says,
 per replica partition, which overlap was verified. A replica partition the snapshot's broker cut
 lists without rows in it (``broker_cuts``; ``pipelines/state/absent.py``) is compared on its
 carried state, and its state is not written again (``absent_partitions``, ``absent`` in

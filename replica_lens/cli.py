@@ -10,12 +10,11 @@ import traceback
 from pathlib import Path
 from typing import Optional, Sequence
 
+from replica_lens.cli_args import (
+    EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_RUN_FAILED, EXIT_USAGE, add_audit_settings, at_least_one, state_retention,
+)
+from replica_lens.cli_brokers import add_broker_commands
 from resources.tuning import DEFAULT_CONCURRENT_STEPS, DEFAULT_RETENTION_HOURS, DEFAULT_SHUFFLE_PARTITIONS
-
-EXIT_RUN_FAILED = 1
-EXIT_USAGE = 2
-EXIT_DIVERGENCE = 3
-EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug, not the user's mistake
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -88,7 +87,7 @@ def _audit(args: argparse.Namespace) -> int:
         state_retention=args.state_retention,
         concurrent_steps=args.concurrent_steps,
         cluster_regions=args.cluster_regions,
-        venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
+        veniceclock_uncertainty_ms=args.veniceclock_uncertainty_ms,
         venice_push_settings=args.venice_push_settings,
     )
 
@@ -131,120 +130,6 @@ def _write_bytes(path: str, data: bytes) -> None:
     partial = target.with_name(f".{target.name}.partial")
     partial.write_bytes(data)
     partial.replace(target)
-
-
-def _dump_kafka(args: argparse.Namespace) -> int:
-    from pipelines.venice.kafka_cut import BrokerUnavailable, DumpRequest, options_file, parse_pairs
-    from pipelines.venice.kafka_dump import default_kafka_jars, dump
-    from resources.errors import UsageError
-
-    options = options_file(args.kafka_options_file)
-    for name, value in parse_pairs(args.kafka_option, "--kafka-option").items():
-        options[name] = value
-    request = DumpRequest(
-        regions=parse_pairs(args.region, "--region"),
-        topics=tuple(dict.fromkeys(args.topic)),
-        isolation_level=args.isolation_level,
-        kafka_options=options,
-        continue_from=args.continue_from,
-        timeout_s=args.broker_timeout,
-    )
-    try:
-        summary = dump(
-            request, args.landing, args.snapshot_id, spark_master=args.spark_master,
-            kafka_jars_dir=args.kafka_jars or default_kafka_jars(), overwrite=args.overwrite,
-        )
-    except BrokerUnavailable as error:  # the cut failed before anything was written: one line, exit 1
-        print(f"replica-lens: {request.redact(str(error))}; nothing was written", file=sys.stderr)
-        return EXIT_RUN_FAILED
-    except UsageError as error:  # a consumer setting quoted back never reaches the terminal or a log
-        raise UsageError(request.redact(str(error))) from None
-    except Exception as error:  # noqa: BLE001 - the same for anything else, still reported as a bug
-        raise RuntimeError(request.redact(f"{type(error).__name__}: {error}")) from None
-    print(f"snapshot {args.snapshot_id} written to {summary['snapshot_dir']}")
-    cut = summary["cut"]
-    for region, counts in summary["regions"].items():
-        parts = [p for p in cut["partitions"] if p["region"] == region]
-        missing = sum(p["not_delivered"] for p in parts)
-        print(f"  {region}: {counts.get('records', 0):,} records in {counts['files']} files; "
-              f"{len(parts)} partitions cut at {cut['cut_at']} ({cut['isolation_level']}), "
-              f"{missing:,} offsets of the cut delivered no record (gaps)")
-    print("audit it with: replica-lens audit --landing ... --snapshot-id ... --cluster-regions ID=REGION,...")
-    return 0
-
-
-def _watch(args: argparse.Namespace) -> int:
-    from pipelines.venice.kafka_dump import default_kafka_jars, kafka_session
-    from replica_lens.audit import audit_instance, run_audit
-    from replica_lens.watch import load_stores, tick_lines, watch_forever
-    from resources.settings import delta_settings
-
-    config = load_stores(args.stores)
-    delta = delta_settings(args.delta_jars, args.delta_engine)
-    spark = kafka_session(args.spark_master, args.kafka_jars or default_kafka_jars(),
-                          shuffle_partitions=args.shuffle_partitions, delta_jars_dir=delta.jars_dir)
-    failed = []
-
-    def report(result) -> None:
-        print("\n".join(tick_lines(result)), flush=True)
-        if result.failed:
-            failed.append(result.store)
-
-    with audit_instance(from_dagster_home=True) as instance:
-        def audit(snapshot_id: str):
-            return run_audit(
-                snapshot_id, args.landing, args.warehouse, instance=instance, log_level="ERROR",
-                spark_master=args.spark_master, delta_jars_dir=delta.jars_dir, delta_engine=delta.engine,
-                shuffle_partitions=args.shuffle_partitions, cluster_regions=args.cluster_regions,
-                venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
-                venice_push_settings=args.venice_push_settings,
-            )
-
-        def register(snapshot_id: str) -> None:
-            from assets.partitions import SNAPSHOTS
-
-            if not instance.has_dynamic_partition(SNAPSHOTS, snapshot_id):
-                instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
-
-        try:
-            watch_forever(spark, config, args.landing, audit, report, interval_s=args.interval,
-                          ticks=1 if args.once else None, register=register)
-        except KeyboardInterrupt:
-            print("stopped; the next watch continues from each store's cursor", file=sys.stderr)
-    return EXIT_RUN_FAILED if failed else 0
-
-
-def _state_retention(text: str) -> int:
-    """``--state-retention``: a whole number, checked by the divergence step's own rule."""
-    from assets.divergence import check_state_retention
-    from resources.errors import InvalidSetting
-
-    try:
-        return check_state_retention(int(text))
-    except (ValueError, InvalidSetting):
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 2, got {text!r}") from None
-
-
-def _at_least_one(text: str) -> int:
-    """A whole number of at least 1 (``--concurrent-steps``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
-    return value
-
-
-def _clock_uncertainty(text: str) -> int:
-    """``--venice-clock-uncertainty-ms``: checked by the landing resource's own rule."""
-    from resources.errors import InvalidSetting
-    from resources.landing import parse_clock_uncertainty
-
-    try:
-        return parse_clock_uncertainty(text)
-    except InvalidSetting as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _benchmark(args: argparse.Namespace) -> int:
@@ -299,51 +184,6 @@ def vacuum_lines(results: Sequence, warehouse: str, retention_hours: int, dry_ru
     return lines
 
 
-def _add_audit_settings(audit: argparse.ArgumentParser) -> None:
-    """The settings of an audit run (Spark, Delta, how raw Venice records decode): `audit` and `watch`."""
-    audit.add_argument(
-        "--spark-master", default=os.environ.get("REPLICA_LENS_SPARK_MASTER", "local[*]"), help="Spark master URL"
-    )
-    audit.add_argument(
-        "--delta-jars",
-        default=os.environ.get("REPLICA_LENS_DELTA_JARS"),
-        metavar="DIR",
-        help="folder with the Delta Lake jars, loaded for the native engine; naming one makes the engine auto "
-        "(default: $REPLICA_LENS_DELTA_JARS, else jvm/lib/delta when it holds them; empty: none)",
-    )
-    audit.add_argument(
-        "--delta-engine",
-        default=os.environ.get("REPLICA_LENS_DELTA_ENGINE"),
-        choices=("embedded", "native", "auto"),
-        help="who writes the Delta tables: embedded (staged files committed by delta-rs), native (delta-spark), auto "
-        "(native where the jars are loaded) (default: $REPLICA_LENS_DELTA_ENGINE, else auto when --delta-jars names "
-        "a folder, else embedded)",
-    )
-    audit.add_argument("--shuffle-partitions", type=int, default=DEFAULT_SHUFFLE_PARTITIONS, help="spark.sql.shuffle.partitions (upper bound; adaptive execution merges small partitions)")
-    audit.add_argument(
-        "--cluster-regions",
-        default=os.environ.get("REPLICA_LENS_CLUSTER_REGIONS") or None,
-        metavar="ID=REGION,...",
-        help="raw Venice records: upstream Kafka cluster id -> region name, e.g. 0=dc-a,1=dc-b "
-        "(default: $REPLICA_LENS_CLUSTER_REGIONS)",
-    )
-    audit.add_argument(
-        "--venice-clock-uncertainty-ms",
-        type=_clock_uncertainty,
-        metavar="MS",
-        help="raw Venice records: widen each heartbeat's origin and applied time points by MS on each side into "
-        "intervals (default: $REPLICA_LENS_VENICE_CLOCK_UNCERTAINTY_MS, else 0)",
-    )
-    audit.add_argument(
-        "--venice-push-settings",
-        default=os.environ.get("REPLICA_LENS_VENICE_PUSH_SETTINGS") or None,
-        metavar="FILE",
-        help="raw Venice records: a JSON file naming the compression and chunking of version topics the snapshot "
-        "holds no START_OF_PUSH of, e.g. a dump that starts mid-stream (docs/venice-input.md; default: "
-        "$REPLICA_LENS_VENICE_PUSH_SETTINGS)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replica-lens", description=__doc__)
     common = argparse.ArgumentParser(add_help=False)
@@ -368,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--landing", required=True, help="landing folder holding snapshot folders")
     audit.add_argument("--warehouse", required=True, help="folder for the Delta tables, one per asset")
     audit.add_argument("--snapshot-id", help="audit only this snapshot")
-    _add_audit_settings(audit)
+    add_audit_settings(audit)
     audit.add_argument(
         "--fail-on-divergence",
         action="store_true",
@@ -376,14 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     audit.add_argument(
         "--state-retention",
-        type=_state_retention,
+        type=state_retention,
         metavar="N",
         help="keep the states (replica_state) of the N snapshots ending furthest along each replica partition's log "
         "and drop the older ones after each audit (at least 2; default: keep every state)",
     )
     audit.add_argument(
         "--concurrent-steps",
-        type=_at_least_one,
+        type=at_least_one,
         metavar="N",
         help=f"run up to N independent steps of an audit at once, in this process and Spark session "
         f"(default {DEFAULT_CONCURRENT_STEPS}; 1: one after another)",
@@ -427,81 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     explain.set_defaults(handler=_explain)
 
-    dump = commands.add_parser(
-        "dump-kafka",
-        parents=[common],
-        help="read Venice version topics from the brokers into a snapshot folder of raw Venice records",
-    )
-    dump.add_argument(
-        "--region", action="append", default=[], metavar="REGION=HOST:PORT[,...]", required=True,
-        help="a region and the bootstrap servers of its Kafka cluster (repeat per region)",
-    )
-    dump.add_argument(
-        "--topic", action="append", default=[], required=True, metavar="TOPIC",
-        help="a version topic to read in every region, e.g. store_v3 (repeat per topic)",
-    )
-    dump.add_argument("--landing", required=True, help="landing folder to write the snapshot folder into")
-    dump.add_argument("--snapshot-id", required=True, help="name of the snapshot folder")
-    dump.add_argument(
-        "--isolation-level", choices=("read_committed", "read_uncommitted"), default="read_committed",
-        help="read_committed (default): the cut ends at each partition's last stable offset and aborted records are "
-        "gaps; read_uncommitted reads records of open and aborted transactions too (docs/venice-input.md)",
-    )
-    dump.add_argument(
-        "--continue-from", metavar="SNAPSHOT_ID", default=None,
-        help="a broker snapshot in the same landing folder: each partition starts at the end of its cut",
-    )
-    dump.add_argument(
-        "--kafka-option", action="append", default=[], metavar="NAME=VALUE",
-        help="a Kafka consumer setting, passed as kafka.NAME (security.protocol, sasl.*, ssl.*); repeatable; "
-        "never written to a file, a table or a log",
-    )
-    dump.add_argument(
-        "--kafka-options-file", metavar="FILE", default=os.environ.get("REPLICA_LENS_KAFKA_OPTIONS_FILE") or None,
-        help="consumer settings as NAME=VALUE lines (for secrets; default: $REPLICA_LENS_KAFKA_OPTIONS_FILE); "
-        "--kafka-option wins over the file",
-    )
-    dump.add_argument(
-        "--broker-timeout", type=float, default=30.0, metavar="SECONDS",
-        help="how long each region's brokers have to answer the cut (default: 30)",
-    )
-    dump.add_argument(
-        "--kafka-jars",
-        default=None,
-        help="folder with the spark-sql-kafka jars and their dependencies (default: $REPLICA_LENS_KAFKA_JARS, "
-        "else the project's jvm/lib/kafka-source when ./scripts/setup-jvm.sh resolved it)",
-    )
-    dump.add_argument(
-        "--spark-master", default=os.environ.get("REPLICA_LENS_SPARK_MASTER", "local[*]"), help="Spark master URL"
-    )
-    dump.add_argument("--overwrite", action="store_true", help="replace an existing snapshot folder")
-    dump.set_defaults(handler=_dump_kafka)
-
-    watch = commands.add_parser(
-        "watch",
-        parents=[common],
-        help="cut every watched store's version topics at its brokers, land the new offsets and audit them "
-        "incrementally; once (--once) or every interval",
-    )
-    watch.add_argument(
-        "--stores", required=not os.environ.get("REPLICA_LENS_STORES"), default=os.environ.get("REPLICA_LENS_STORES"),
-        metavar="FILE",
-        help="the stores to watch, their regions' brokers and consumer settings (TOML, docs/operations.md)",
-    )
-    watch.add_argument("--landing", required=True, help="landing folder: the snapshots and each store's cursor (_watch/)")
-    watch.add_argument("--warehouse", required=True, help="folder for the Delta tables, one per asset")
-    watch.add_argument("--once", action="store_true", help="one tick of every store, then exit (for cron and scripts)")
-    watch.add_argument(
-        "--interval", type=_at_least_one, metavar="SECONDS",
-        help="seconds from the start of one tick to the next (default: the store file's interval_seconds, else 60)",
-    )
-    watch.add_argument(
-        "--kafka-jars", default=None,
-        help="folder with the spark-sql-kafka jars and their dependencies (default: $REPLICA_LENS_KAFKA_JARS, "
-        "else the project's jvm/lib/kafka-source)",
-    )
-    _add_audit_settings(watch)
-    watch.set_defaults(handler=_watch)
+    add_broker_commands(commands, common)
 
     bench = commands.add_parser(
         "benchmark",

@@ -1,7 +1,7 @@
 """The replica state's checksum counted on Arrow rows (``pipelines/state/arrow_checksum.py``) against Spark's.
 
 A context's ``state_checksum`` is checked by Spark's ``xxhash64`` when the next audit uses the state
-(``pipelines/state/prior.py``), but written from the sums the comparison's pass counts with numpy:
+(``pipelines/state/check.py``), but written from the sums the comparison's pass counts with numpy:
 the two must agree bit for bit, on every type and length the state's columns can hold.
 """
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_the_state_files_are_counted_as_sparks_read_of_them_counts_them(spark, t
     import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from pipelines.state.prior import found_sums, found_sums_of_files
+    from pipelines.state.check import found_sums, found_sums_of_files
     from pipelines.state.rows import CONTEXT, VERSION
     from resources.filesystem import Location
     from schemas.state import ReplicaState

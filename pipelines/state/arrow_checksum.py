@@ -4,7 +4,7 @@ A commit context keeps ``state_checksum``: the sum modulo 2^64 of Spark's ``xxha
 VERSION row's columns (``version_hash``), vectors as their entries sorted by region. The Leap
 Frog comparison writes the VERSION rows itself, from its Arrow batches in Spark's Python tasks
 (``pipelines/leapfrog.py``), and counts each task's share of the checksum here, as it writes
-them: no Spark job reads the rows again to checksum them. ``prior.py`` checks a carried state the
+them: no Spark job reads the rows again to checksum them. ``check.py`` checks a carried state the
 same way (``state_sums``, over the VERSION rows read); a state Spark wrote (``next_state``) has
 Spark's ``version_hash``: the two must agree bit for bit (``tests/test_arrow_checksum.py``).
 
@@ -168,7 +168,7 @@ def state_sums(batches: Iterable[pa.RecordBatch], columns: Sequence[str]) -> Ite
     """Per (snapshot, replica partition) of VERSION rows (``STATE_SUMS`` and ``columns``): their count and their share
     of the checksum (``found_rows``, ``found_checksum``: a signed long), one batch of a few rows for all ``batches``.
 
-    What ``prior.py`` checks a carried state's contexts against; the shares of several tasks add up modulo 2^64.
+    What ``check.py`` checks a carried state's contexts against; the shares of several tasks add up modulo 2^64.
     """
     totals: dict[tuple, list[int]] = {}
     for batch in batches:
@@ -233,15 +233,13 @@ def file_state_sums(
                 table = pq.read_table(path, filesystem=fs)
                 # Typed first: a file rewritten by another writer may hold views of strings (delta-rs), which
                 # pyarrow's filter cannot take.
-                arrays = []
-                for field in schema:
-                    if field.name == "snapshot_id":
-                        arrays.append(pa.chunked_array([pa.array([snapshot_id] * table.num_rows, field.type)]))
-                    elif field.name in table.column_names:
-                        arrays.append(table[field.name].cast(field.type))
-                    else:
-                        arrays.append(pa.chunked_array([pa.nulls(table.num_rows, field.type)]))
-                typed = pa.Table.from_arrays(arrays, schema=schema)
+                count = table.num_rows
+                typed = pa.table([
+                    pa.repeat(pa.scalar(snapshot_id, field.type), count) if field.name == "snapshot_id"
+                    else table[field.name].cast(field.type) if field.name in table.column_names
+                    else pa.nulls(count, field.type)
+                    for field in schema
+                ], schema=schema)
                 yield from typed.filter(pc.equal(table[kind_column].cast(pa.string()), kind)).to_batches()
 
     yield from state_sums(rows(), columns)

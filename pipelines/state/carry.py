@@ -11,7 +11,8 @@ This module is what the divergence stage does with the state: ``carry_over`` con
 S's watermarks from the state S continues, and ``next_state`` builds the state after S
 (each key's last version and one context per replica partition, written in one Delta
 commit). Which state S continues, verified and checked, and which states are kept
-(retention) is ``pipelines/state/prior.py``; its names stay importable from here.
+(retention) is ``pipelines/state/prior.py`` (the overlap's verification ``overlap.py``, the
+commit-context check ``check.py``); their names stay importable from here.
 
 What is carried
 ---------------
@@ -57,14 +58,13 @@ from pyspark.sql import types as T
 from pipelines.frames import computed_once
 from pipelines.state.absent import written_in_state
 from pipelines.state.arrow_checksum import signed
+from pipelines.state.check import PROBLEMS, context_problems
+from pipelines.state.overlap import overlap_differences
 from pipelines.state.prior import (
     MAX_LISTED,
-    PROBLEMS,
     PriorState,
     StateRefused,
-    context_problems,
     no_prior_state,
-    overlap_differences,
     predecessors,
     prior_state,
     retained_states,

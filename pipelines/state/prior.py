@@ -2,9 +2,9 @@
 
 An incremental audit (``pipelines/state/carry.py``) continues a snapshot S from the state an
 earlier snapshot left in ``replica_state`` (its rows: ``pipelines/state/rows.py``). This
-module chooses that state (``predecessors``), verifies the overlap of the two dumps
-(``overlap_differences``), checks the state against its commit context
-(``context_problems``) and refuses rather than guess (``prior_state``, ``StateRefused``);
+module chooses that state (``predecessors``), has the overlap of the two dumps verified
+(``pipelines/state/overlap.py``) and the state checked against its commit context
+(``pipelines/state/check.py``), and refuses rather than guess (``prior_state``, ``StateRefused``);
 ``retained_states`` decides which states are kept for later snapshots to continue.
 
 The predecessor rule
@@ -91,23 +91,21 @@ state is kept, as before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable, Iterable
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from pipelines.frames import computed_once
-from pipelines.state.arrow_checksum import file_state_sums, state_sums
-from pipelines.state.rows import CONTEXT, REPLICA_PARTITION, VERSION, VERSION_COLUMNS, checksum
+from pipelines.state.check import PROBLEMS, context_problems, found_sums_of_files
+from pipelines.state.overlap import verify_overlaps
+from pipelines.state.rows import CONTEXT, REPLICA_PARTITION, VERSION, partition_name
 from resources.tuning import on_driver
 from schemas.conform import local_batches, local_frame
-from schemas.raw import MESSAGE_FIELDS
 from schemas.state import ReplicaState
 
 MAX_LISTED = 20
-PROBLEMS = ("DUPLICATE_CONTEXT", "STATE_ROWS", "STATE_CHECKSUM")
 
 
 class StateRefused(RuntimeError):
@@ -218,188 +216,9 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
     )
 
 
-def _message() -> Column:
-    """A raw row's SPEC message fields but its replica partition and offset; vectors as their sorted entries."""
-    skipped = {*REPLICA_PARTITION, "offset"}
-    return F.struct(*[
-        (F.array_sort(F.map_entries(F.col(name))) if isinstance(dtype, T.MapType) else F.col(name)).alias(name)
-        for name, dtype in MESSAGE_FIELDS.items() if name not in skipped
-    ])
-
-
-def overlap_differences(raw: DataFrame, links: DataFrame) -> DataFrame:
-    """The overlap of each replica partition with its predecessor, compared offset by offset in the raw rows.
-
-    ``links`` are ``predecessors`` rows; those with ``overlap`` are compared: the raw rows
-    (``raw_topic_snapshots``) of ``snapshot_id`` and of ``previous_snapshot_id`` at offsets
-    ``first_offset..previous_last_offset`` of the replica partition. At each offset the two
-    sides hold the same messages when their SPEC message fields are equal (vectors in any
-    order; bookkeeping columns such as ``source_file`` and ``copies``, and unknown extra
-    fields, are not compared). One row per compared link: ``offsets`` (offsets held by
-    either side), ``rows`` and ``previous_rows`` (raw rows of each side there) and
-    ``first_difference``, null when the sides are equal, else the lowest offset where they
-    are not: its ``rows`` and ``previous_rows``, the ``kinds`` and ``previous_kinds`` there,
-    and ``fields``, the message fields that differ when each side holds one message.
-    """
-    rp = list(REPLICA_PARTITION)
-    ranges = links.where(F.col("overlap")).select(
-        "snapshot_id", *rp, "previous_snapshot_id", "first_offset", "previous_last_offset"
-    )
-    in_range = F.col("offset").between(F.col("first_offset"), F.col("previous_last_offset"))
-
-    def side(snapshot_column: str, name: str) -> DataFrame:
-        bounds = ranges.select(
-            F.col(snapshot_column).alias("raw_snapshot"), *rp, "first_offset", "previous_last_offset"
-        )
-        return (
-            raw.withColumnRenamed("snapshot_id", "raw_snapshot")
-            .join(F.broadcast(bounds), on=["raw_snapshot", *rp], how="inner")
-            .where(in_range)
-            .groupBy(*rp, "offset")
-            .agg(F.array_sort(F.collect_list(_message())).alias(name))
-        )
-
-    def count(messages: str) -> Column:
-        return F.when(F.col(messages).isNull(), F.lit(0)).otherwise(F.size(messages)).cast(T.LongType())
-
-    names = [name for name in MESSAGE_FIELDS if name not in {*REPLICA_PARTITION, "offset"}]
-    one_each = (count("own") == 1) & (count("previous") == 1)
-    fields = F.filter(
-        F.array(*[F.when(~F.col("own")[0][n].eqNullSafe(F.col("previous")[0][n]), F.lit(n)) for n in names]),
-        lambda name: name.isNotNull(),
-    )
-    difference = F.struct(
-        F.col("offset").alias("offset"),
-        count("own").alias("rows"),
-        count("previous").alias("previous_rows"),
-        F.transform(F.col("own"), lambda m: m["kind"]).alias("kinds"),
-        F.transform(F.col("previous"), lambda m: m["kind"]).alias("previous_kinds"),
-        F.when(one_each, fields).alias("fields"),
-    )
-    differs = ~F.col("own").eqNullSafe(F.col("previous"))
-    compared = (
-        side("snapshot_id", "own").join(side("previous_snapshot_id", "previous"), on=[*rp, "offset"], how="full")
-        .groupBy(*rp)
-        .agg(
-            F.count(F.lit(1)).alias("offsets"),
-            F.sum(count("own")).alias("rows"),
-            F.sum(count("previous")).alias("previous_rows"),
-            # min_by skips rows whose ordering value is null: only the differing offsets compete.
-            F.min_by(difference, F.when(differs, F.col("offset"))).alias("first_difference"),
-        )
-    )
-    zero = F.lit(0).cast(T.LongType())
-    return ranges.join(compared, on=rp, how="left").select(
-        *ranges.columns,
-        F.coalesce(F.col("offsets"), zero).alias("offsets"),
-        F.coalesce(F.col("rows"), zero).alias("rows"),
-        F.coalesce(F.col("previous_rows"), zero).alias("previous_rows"),
-        "first_difference",
-    )
-
-
-_FOUND = T.StructType([
-    T.StructField("snapshot_id", T.StringType()), T.StructField("replica", T.StringType()),
-    T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
-    T.StructField("found_rows", T.LongType()), T.StructField("found_checksum", T.LongType()),
-])
-
-
-def found_sums(prior_versions: DataFrame, driver: bool = False) -> DataFrame:
-    """Per snapshot and replica partition of ``prior_versions``' VERSION rows: how many (``found_rows``) and their
-    checksum (``found_checksum``, ``rows.checksum`` of ``version_hash``).
-
-    Counted on Arrow batches with numpy (``arrow_checksum.state_sums``, equal to Spark's ``xxhash64`` bit for bit):
-    in Spark's Python workers, each task's share added up by Spark (a few rows); ``driver``, the rows are few and come
-    over as Arrow, counted here (no Python worker to start). Spark's own hash of every vector's sorted entries and a
-    decimal sum cost several times more per carried version.
-    """
-    keys = ["snapshot_id", *REPLICA_PARTITION]
-    versions = prior_versions.where(F.col("row_kind") == VERSION).select(*keys, *VERSION_COLUMNS)
-    if driver:
-        counted = [row for batch in state_sums(versions.toArrow().to_batches(), VERSION_COLUMNS)
-                   for row in batch.to_pylist()]
-        return local_frame(prior_versions.sparkSession, [tuple(r[f.name] for f in _FOUND.fields) for r in counted],
-                           _FOUND)
-    shares = versions.mapInArrow(partial(state_sums, columns=VERSION_COLUMNS), _FOUND)
-    return shares.groupBy(*keys).agg(F.sum("found_rows").alias("found_rows"),
-                                     checksum(F.col("found_checksum")).alias("found_checksum"))
-
-
-def found_sums_of_files(spark: SparkSession, files: dict[str, list[Any]]) -> DataFrame:
-    """``found_sums`` of the VERSION rows in ``files`` (per snapshot id, its ``replica_state`` files as
-    ``resources.filesystem.Location``s, ``DeltaStore.snapshot_files``): one Spark task per file reads it with pyarrow
-    and counts its share (``arrow_checksum.file_state_sums``), Spark adds the shares up. Every replica partition of
-    the files is counted; a check joins the ones it expects.
-
-    The same counts as ``found_sums`` over Spark's read of those files, without the JVM converting each row (four
-    vectors) into Arrow for the Python worker: about a third of the time at 300,000 carried versions.
-    """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    keys = ["snapshot_id", *REPLICA_PARTITION]
-    listed = tuple((snapshot_id, location.fs, location.path)
-                   for snapshot_id, locations in sorted(files.items()) for location in locations)
-    struct = ReplicaState.to_structtype()
-    schema = to_arrow_schema(T.StructType([struct[name] for name in (*keys, *VERSION_COLUMNS)]))
-    count = partial(file_state_sums, files=listed, schema=schema, columns=VERSION_COLUMNS, kind_column="row_kind",
-                    kind=VERSION)
-    shares = spark.range(0, len(listed), 1, max(len(listed), 1)).mapInArrow(count, _FOUND)
-    return shares.groupBy(*keys).agg(F.sum("found_rows").alias("found_rows"),
-                                     checksum(F.col("found_checksum")).alias("found_checksum"))
-
-
-def context_problems(
-    prior_versions: DataFrame, prior_context: DataFrame, driver: bool = False, found: DataFrame | None = None,
-) -> DataFrame:
-    """Every way the CONTEXT rows of ``prior_context`` disagree with their VERSION rows in ``prior_versions``.
-
-    One row per problem: the context's snapshot and replica partition, ``problem``
-    (DUPLICATE_CONTEXT, STATE_ROWS or STATE_CHECKSUM), ``expected`` (what the context
-    says) and ``found`` (what the VERSION rows give). Empty when the state can be used.
-    ``driver``: the VERSION rows are few, counted on the driver (``found_sums``). ``found``: their counts made
-    otherwise (``found_sums_of_files``); ``prior_versions`` is then not read.
-    """
-    keys = ["snapshot_id", *REPLICA_PARTITION]
-    found = found_sums(prior_versions, driver) if found is None else found
-    expected = prior_context.where(F.col("row_kind") == CONTEXT).groupBy(*keys).agg(
-        F.count(F.lit(1)).alias("contexts"),
-        F.max("state_rows").alias("state_rows"),
-        F.max("state_checksum").alias("state_checksum"),
-    )
-    zero = F.lit(0).cast(T.LongType())
-    found_rows = F.coalesce(F.col("found_rows"), zero)
-    found_checksum = F.coalesce(F.col("found_checksum"), zero)
-
-    def check(problem: str, expected_value: Column, found_value: Column) -> Column:
-        return F.struct(
-            F.lit(problem).alias("problem"),
-            expected_value.cast(T.LongType()).alias("expected"),
-            found_value.cast(T.LongType()).alias("found"),
-            (~expected_value.cast(T.LongType()).eqNullSafe(found_value.cast(T.LongType()))).alias("failed"),
-        )
-
-    expected_and_found = {
-        "DUPLICATE_CONTEXT": (F.lit(1), F.col("contexts")),
-        "STATE_ROWS": (F.col("state_rows"), found_rows),
-        "STATE_CHECKSUM": (F.col("state_checksum"), found_checksum),
-    }
-    checks = F.array(*[check(problem, *expected_and_found[problem]) for problem in PROBLEMS])
-    return (
-        expected.join(found, on=keys, how="left")
-        .select(*keys, F.inline(checks))
-        .where(F.col("failed"))
-        .select(*keys, "problem", "expected", "found")
-    )
-
-
-def _name(row: Any) -> str:
-    return f"{row['replica']}/{row['topic']}/{row['partition']}"
-
-
 def _conflict(link: Any, snapshot_id: str) -> str:
     """Why the contexts overlapping a snapshot's dump of a replica partition give it no predecessor."""
-    name, first, last = _name(link), link["first_offset"], link["last_offset"]
+    name, first, last = partition_name(link), link["first_offset"], link["last_offset"]
     others = link["overlapping"]
     if len(others) > 1:
         listed = ", ".join(f"{o['snapshot_id']} ({o['first_offset']}..{o['last_offset']})" for o in others)
@@ -420,56 +239,6 @@ def _conflict(link: Any, snapshot_id: str) -> str:
         f"{name}: {snapshot_id} starts mid-stream at offset {first} and ends at {last}, but {covers}: "
         f"{snapshot_id} adds no offset to that state"
     )
-
-
-def _difference(found: Any, snapshot_id: str, previous: str) -> str:
-    """What differs at the first offset where two dumps' overlap differs, briefly."""
-    if not found["rows"]:
-        return f"only {previous} has a message ({', '.join(found['previous_kinds'])})"
-    if not found["previous_rows"]:
-        return f"only {snapshot_id} has a message ({', '.join(found['kinds'])})"
-    if found["fields"]:
-        return f"the messages differ in {', '.join(found['fields'])}"
-    return (
-        f"{snapshot_id} has {found['rows']} message(s) ({', '.join(found['kinds'])}), {previous} "
-        f"{found['previous_rows']} ({', '.join(found['previous_kinds'])})"
-    )
-
-
-def _verify_overlaps(
-    raw: DataFrame, links: DataFrame, continued: list[Any], snapshot_id: str
-) -> tuple[dict[tuple, dict[str, Any]], list[str]]:
-    """The overlaps of ``continued`` links, compared in ``raw``: (verified overlaps by replica partition, refusals)."""
-    overlapping = [link for link in continued if link["overlap"]]
-    if not overlapping:
-        return {}, []
-    # Only the snapshots compared are read: the filter prunes the table's other partitions.
-    ids = sorted({snapshot_id, *(link["previous_snapshot_id"] for link in overlapping)})
-    checks = overlap_differences(raw.where(F.col("snapshot_id").isin(*ids)), links).collect()
-    verified, refusals = {}, []
-    for check in sorted(checks, key=lambda c: tuple(c[k] for k in REPLICA_PARTITION)):
-        name, previous = _name(check), check["previous_snapshot_id"]
-        first, last = check["first_offset"], check["previous_last_offset"]
-        inside = (
-            f"{name}: {snapshot_id} starts at offset {first}, inside the state of snapshot {previous} (up to {last})"
-        )
-        if not check["rows"] or not check["previous_rows"]:
-            lacking = previous if not check["previous_rows"] else snapshot_id
-            refusals.append(
-                f"{inside}, but raw_topic_snapshots no longer holds {lacking}'s rows at offsets {first}..{last}, "
-                "so the overlap cannot be verified"
-            )
-        elif check["first_difference"] is not None:
-            found = check["first_difference"]
-            refusals.append(
-                f"{inside}, and the two dumps differ there: first at offset {found['offset']}, where "
-                f"{_difference(found, snapshot_id, previous)}"
-            )
-        else:
-            verified[tuple(check[k] for k in REPLICA_PARTITION)] = {
-                "first_offset": first, "last_offset": last, "offsets": check["offsets"], "rows_verified": check["rows"],
-            }
-    return verified, refusals
 
 
 def prior_state(
@@ -529,7 +298,7 @@ def prior_state(
             refusals.append(_conflict(link, snapshot_id))
         elif len(link["candidates"]) > 1:
             refusals.append(
-                f"{_name(link)}: the states of snapshots {', '.join(link['candidates'])} all end at offset "
+                f"{partition_name(link)}: the states of snapshots {', '.join(link['candidates'])} all end at offset "
                 f"{link['previous_last_offset']}, below {snapshot_id}'s first offset {link['first_offset']}, "
                 f"so which one {snapshot_id} continues is ambiguous"
             )
@@ -547,7 +316,7 @@ def prior_state(
     context = read.where(F.col("row_kind") == CONTEXT).join(F.broadcast(chosen), on=["snapshot_id", *rp], how="inner")
     versions = read.where(F.col("row_kind") == VERSION).join(F.broadcast(chosen), on=["snapshot_id", *rp], how="inner")
 
-    verified, differing = _verify_overlaps(raw, links, continued, snapshot_id)
+    verified, differing = verify_overlaps(raw, links, continued, snapshot_id)
     refusals.extend(differing)
     # The chosen contexts (a row per replica partition) are read once, here: every later use (the carry, the next
     # state's contexts, the checks) reads this local copy instead of the state's files again.
@@ -562,7 +331,7 @@ def prior_state(
     for link in continued:
         if (link["replica"], link["topic"], link["partition"], link["previous_last_offset"]) not in found:
             refusals.append(
-                f"{_name(link)}: the state of snapshot {link['previous_snapshot_id']} changed while "
+                f"{partition_name(link)}: the state of snapshot {link['previous_snapshot_id']} changed while "
                 f"{snapshot_id} was read (re-materialized or dropped by state retention meanwhile); audit again"
             )
     # The carried versions are counted on the driver when their contexts say they are few (``on_driver``).
@@ -580,7 +349,7 @@ def prior_state(
     )
     by_context: dict[tuple, list[str]] = {}
     for problem in problems:
-        by_context.setdefault((_name(problem), problem["snapshot_id"]), []).append(
+        by_context.setdefault((partition_name(problem), problem["snapshot_id"]), []).append(
             f"{problem['problem']}: the context says {problem['expected']}, its VERSION rows give {problem['found']}"
         )
     for (name, previous), found_problems in by_context.items():

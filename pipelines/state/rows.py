@@ -9,7 +9,7 @@ against it before use). Both are the rows of snapshot S's partition of
 A context's ``state_rows`` is the count of its VERSION rows and ``state_checksum`` the
 sum, modulo 2^64 as a signed long, of ``xxhash64`` over every VERSION column (vectors as
 their entries sorted by region), which no order of the rows changes (``version_hash``,
-``checksum``). ``pipelines/state/prior.py`` checks a context against them before its
+``checksum``). ``pipelines/state/check.py`` checks a context against them before its
 state is used.
 """
 from __future__ import annotations
@@ -33,6 +33,11 @@ VERSION_COLUMNS = ("key", "offset", "kind", "value", *LAST_VERSION_COLUMNS[2:], 
 CARRIED_COLUMNS = tuple(c for c in VERSION_COLUMNS if c not in ("value", "origin_snapshot_id"))
 
 _DECIMAL = T.DecimalType(20, 0)  # holds any long and 2^64
+
+
+def partition_name(row) -> str:
+    """``replica/topic/partition`` of a row holding those columns, as refusals name a replica partition."""
+    return f"{row['replica']}/{row['topic']}/{row['partition']}"
 
 
 # ------------------------------------------------------------------ checksum
