@@ -87,7 +87,7 @@ def _audit(args: argparse.Namespace) -> int:
         state_retention=args.state_retention,
         concurrent_steps=args.concurrent_steps,
         cluster_regions=args.cluster_regions,
-        veniceclock_uncertainty_ms=args.veniceclock_uncertainty_ms,
+        venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
         venice_push_settings=args.venice_push_settings,
     )
 

@@ -14,11 +14,11 @@ EXIT_INTERNAL = 70  # sysexits' EX_SOFTWARE: a bug, not the user's mistake
 
 def state_retention(text: str) -> int:
     """``--state-retention``: a whole number, checked by the divergence step's own rule."""
-    from assets.divergence import checkstate_retention
+    from assets.divergence import check_state_retention
     from resources.errors import InvalidSetting
 
     try:
-        return checkstate_retention(int(text))
+        return check_state_retention(int(text))
     except (ValueError, InvalidSetting):
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 2, got {text!r}") from None
 
@@ -37,10 +37,10 @@ def at_least_one(text: str) -> int:
 def clock_uncertainty(text: str) -> int:
     """``--venice-clock-uncertainty-ms``: checked by the landing resource's own rule."""
     from resources.errors import InvalidSetting
-    from resources.landing import parseclock_uncertainty
+    from resources.landing import parse_clock_uncertainty
 
     try:
-        return parseclock_uncertainty(text)
+        return parse_clock_uncertainty(text)
     except InvalidSetting as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -71,7 +71,7 @@ def watch_command(args: argparse.Namespace) -> int:
                 snapshot_id, args.landing, args.warehouse, instance=instance, log_level="ERROR",
                 spark_master=args.spark_master, delta_jars_dir=delta.jars_dir, delta_engine=delta.engine,
                 shuffle_partitions=args.shuffle_partitions, cluster_regions=args.cluster_regions,
-                veniceclock_uncertainty_ms=args.veniceclock_uncertainty_ms,
+                venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
                 venice_push_settings=args.venice_push_settings,
             )
 
