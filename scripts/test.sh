@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 ./scripts/setup-browser.sh
 # Two workers (pytest-xdist), each test file whole on one of them: its module fixtures are
 # built once. The tests are CPU-bound: on 2 cores three workers took 1454 s where two took
-# 1175 s (at e698bbc). Files go out in the order tests/conftest.py gives them (the longest first), not
+# 1175 s (at e698bbc, one run each, one morning). Files go out in the order tests/conftest.py
+# gives them (the longest first), not
 # xdist's (the most tests first); the files of a group there (FILE_GROUPS: files sharing a costly session fixture,
 # such as the Kafka brokers) go to one worker together. `./scripts/test.sh -n 0` runs everything in this one process.
 # The 15 slowest tests are listed at the end of every run, so that a test that grows slow shows.

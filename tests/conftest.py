@@ -57,8 +57,9 @@ LONGEST_FIRST = (
 # cluster's daemons, the webserver's runs, the benchmark's process runs) live seconds over small
 # snapshots: the optimizing JIT compiler (C2) costs them CPU it never pays back, on two cores shared
 # with the other worker. They get the first tier only; the suite's own long-lived JVM (``spark``)
-# keeps both. This changes no result, only how the JVM compiles the same bytecode. (Measured at e698bbc, 2 cores: the
-# suite's own JVM with C1 only took the whole suite from 1175 s to 1554 s; the ingest fuzz test alone took 351 s.)
+# keeps both. This changes no result, only how the JVM compiles the same bytecode. (Measured at e698bbc, 2 cores, one
+# run each: the suite's own JVM with C1 only took the whole suite from 1175 s to 1554 s, the ingest fuzz test alone
+# 351 s.)
 CHILD_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 SUBMIT_OPTS = "SPARK_SUBMIT_OPTS"
 TEST_DRIVER_MEMORY = "REPLICA_LENS_TEST_DRIVER_MEMORY"
