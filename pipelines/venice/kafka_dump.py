@@ -287,7 +287,10 @@ def land_cut(spark: SparkSession, request: DumpRequest, cuts: dict[str, list[Par
     frames = {region: read_region(spark, request, region, cut) for region, cut in cuts.items()
               if any(p.skipped is None for p in cut)}
     if whole_values and frames:
-        # Every region's trailing chunks in one Spark job (a job per region paid its start-up three times a tick).
+        # Each region's records are read from its brokers once and kept by Spark (in memory, spilling to its local
+        # disk: the cut, as big as the files landed from it): the trailing chunks and the writes read that copy, not
+        # the brokers again (docs/performance.md, "Reading from Kafka brokers"). All regions' chunks in one job.
+        frames = {region: frame.localCheckpoint(eager=True) for region, frame in frames.items()}
         starts = trailing_chunks(functools.reduce(DataFrame.unionByName, frames.values()))
         for region, frame in list(frames.items()):
             cuts[region] = _end_before_chunks(cuts[region], starts)
