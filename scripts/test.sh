@@ -5,9 +5,6 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # Debian's Chromium for the browser test (skipped, with the reason, where it cannot be installed).
 ./scripts/setup-browser.sh
-# Spark's classes in a class-data-sharing archive for the suite's Spark JVMs (tests/conftest.py, CLASS_ARCHIVE);
-# built once (about a minute), rebuilt when the Java runtime or Spark's jars change.
-.venv/bin/python scripts/jvm-class-archive.py || echo "test: no class archive (above); the suite runs without it" >&2
 # Two workers (pytest-xdist), each test file whole on one of them: its module fixtures are
 # built once. The tests are CPU-bound: on 2 cores three workers took 1454 s where two took
 # 1175 s (at e698bbc, one run each, one morning). Files go out in the order tests/conftest.py

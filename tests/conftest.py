@@ -73,18 +73,6 @@ SUBMIT_OPTS = "SPARK_SUBMIT_OPTS"
 # in whole suites the machine's noise is larger than that.)
 DAEMON_OPTS = "SPARK_DAEMON_JAVA_OPTS"
 TEST_DRIVER_MEMORY = "REPLICA_LENS_TEST_DRIVER_MEMORY"
-# Spark's classes parsed and verified once, in a class-data-sharing archive (scripts/jvm-class-archive.py, which
-# ./scripts/test.sh runs first): every Spark JVM the suite starts through spark-submit (its own, and the audit, watch,
-# writer and benchmark processes) maps them instead of reading some 17,000 classes from the jars. A JVM whose
-# class path differs ignores it silently (test_definitions.py checks that the suite's own JVM maps it). Measured
-# (3 alternated runs each, `replica-lens audit` of `replica-lens simulate`'s default snapshot, C1 only as the
-# children run): 33.0 -> 28.4 CPU-seconds of the machine, 21.4 -> 17.4 s.
-CLASS_ARCHIVE = Path(__file__).resolve().parent.parent / "jvm" / "cds" / "spark.jsa"
-
-
-def class_archive_option() -> str:
-    """``-XX:SharedArchiveFile=...`` when scripts/jvm-class-archive.py built the archive, else nothing."""
-    return f"-XX:SharedArchiveFile={CLASS_ARCHIVE}" if CLASS_ARCHIVE.is_file() else ""
 
 
 def _without_child_options(options: str) -> str:
@@ -125,10 +113,6 @@ def pytest_configure(config):
     # xdist's workers inherit the controller's environment, where this already ran.
     for variable in (SUBMIT_OPTS, DAEMON_OPTS):
         os.environ[variable] = f"{_without_child_options(os.environ.get(variable, ''))} {CHILD_JVM_OPTIONS}".strip()
-    # Only spark-submit's JVMs have the class path the archive was built for (a standalone cluster's daemons do not).
-    archive = class_archive_option()
-    if archive and archive not in os.environ[SUBMIT_OPTS].split():
-        os.environ[SUBMIT_OPTS] = f"{os.environ[SUBMIT_OPTS]} {archive}"
     os.environ.update(REPORT_PICTURES)
     for name in (DELTA_ENGINE_ENV, DELTA_JARS_ENV):
         os.environ.pop(name, None)

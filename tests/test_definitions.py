@@ -1,9 +1,6 @@
 """The code location loads, every job resolves to what it should run, and every asset says what it is."""
 from __future__ import annotations
 
-import json
-import os
-
 import dagster as dg
 import pytest
 
@@ -213,47 +210,6 @@ def test_the_default_collector_reaches_the_jvm_the_session_starts(spark):
     beans = spark._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()  # noqa: SLF001
     names = {bean.getName() for bean in beans}
     assert names == {"PS Scavenge", "PS MarkSweep"}, names
-
-
-def test_the_suites_spark_jvm_maps_the_class_archive_setup_built(spark):
-    # Catches: an archive built for another class path than spark-submit's (the JVM then ignores it without a word,
-    # and loses the JDK's own archive too), e.g. after Spark's jars changed without ./scripts/test.sh rebuilding it, or the
-    # option not reaching the JVM the suite starts (tests/conftest.py, CLASS_ARCHIVE).
-    from tests.conftest import CLASS_ARCHIVE
-
-    if not CLASS_ARCHIVE.is_file():
-        pytest.skip(f"no class archive at {CLASS_ARCHIVE}: ./scripts/test.sh builds it")
-    jvm = spark._jvm  # noqa: SLF001
-    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
-        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
-    assert bean.getVMOption("SharedArchiveFile").getValue() == str(CLASS_ARCHIVE)
-    assert bean.getVMOption("UseSharedSpaces").getValue() == "true", "the JVM ignored the class archive"
-
-
-def test_the_class_archive_is_rebuilt_when_the_java_runtime_or_sparks_jars_change(tmp_path, monkeypatch):
-    # Catches: a stale archive (other jars or another JDK) taken as current by ./scripts/test.sh, so that every
-    # JVM of the suite would silently run without it.
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "jvm_class_archive", os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts", "jvm-class-archive.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "ARCHIVE", tmp_path / "spark.jsa")
-    monkeypatch.setattr(module, "RECORD", tmp_path / "spark.json")
-    facts = {"java": "openjdk 17", "spark_jars": "abc"}
-    monkeypatch.setattr(module, "built_for", lambda: dict(facts))
-    assert not module.current()  # nothing built
-    (tmp_path / "spark.jsa").write_bytes(b"archive")
-    (tmp_path / "spark.json").write_text(json.dumps({**facts, "class_path": "a.jar"}))
-    assert module.current()
-    facts["spark_jars"] = "other jars"
-    assert not module.current()
-    facts.update(spark_jars="abc", java="openjdk 21")
-    assert not module.current()
-    (tmp_path / "spark.json").write_text("{half a file")
-    facts["java"] = "openjdk 17"
-    assert not module.current()
 
 
 def test_building_expressions_costs_few_round_trips_to_the_jvm(spark):
