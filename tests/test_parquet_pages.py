@@ -26,6 +26,7 @@ from pipelines.ingest.parquet_pages import (
     guarded_batches,
     large_pages,
     page_detail,
+    page_header_sizes,
 )
 
 LIMIT = 4096
@@ -50,6 +51,56 @@ def _written(lengths: list[int], rows_per_group: int, compression: str) -> bytes
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), sink, row_group_size=rows_per_group, compression=compression,
                    use_dictionary=False, write_batch_size=1, data_page_size=1)
     return sink.getvalue()
+
+
+def _header(uncompressed: int, compressed: int, statistics: bytes = b"") -> bytes:
+    """A PageHeader (type DATA_PAGE, the two sizes, then, given ``statistics``, a data page header whose statistics
+    hold them as the maximum value), as Parquet writers encode it."""
+    from thrift.protocol.TCompactProtocol import TCompactProtocol
+    from thrift.protocol.TProtocol import TType
+    from thrift.transport.TTransport import TMemoryBuffer
+
+    out = TMemoryBuffer()
+    p = TCompactProtocol(out)
+    p.writeStructBegin("PageHeader")
+    for field, value in ((1, 0), (2, uncompressed), (3, compressed)):
+        p.writeFieldBegin("", TType.I32, field)
+        p.writeI32(value)
+        p.writeFieldEnd()
+    if statistics:
+        p.writeFieldBegin("data_page_header", TType.STRUCT, 5)
+        p.writeStructBegin("DataPageHeader")
+        for field in (1, 2, 3, 4):  # num_values and three encodings
+            p.writeFieldBegin("", TType.I32, field)
+            p.writeI32(1 if field == 1 else 0)
+            p.writeFieldEnd()
+        p.writeFieldBegin("statistics", TType.STRUCT, 5)
+        p.writeStructBegin("Statistics")
+        p.writeFieldBegin("max_value", TType.STRING, 5)
+        p.writeBinary(statistics)
+        p.writeFieldEnd()
+        p.writeFieldStop()
+        p.writeStructEnd()
+        p.writeFieldEnd()
+        p.writeFieldStop()
+        p.writeStructEnd()
+        p.writeFieldEnd()
+    p.writeFieldStop()
+    p.writeStructEnd()
+    return out.getvalue()
+
+
+def test_a_header_is_read_within_its_bytes_and_binary_statistics_are_skipped():
+    # Catches: a reader that goes past the bytes it was given when a header is cut short (fastparquet's Cython reader
+    # did: the process crashed now and then, with a segmentation fault, on a header cut at the window's end), one
+    # that reads a cut header as whole (sizes from whatever memory follows), and statistics that are not UTF-8 (a
+    # binary column's) refused as garbage.
+    statistics = bytes(range(256)) * 40  # not UTF-8; 10 KiB
+    header = _header(LIMIT * 3, LIMIT, statistics)
+    assert page_header_sizes(header + b"page bytes") == ((LIMIT * 3, LIMIT), len(header))
+    for cut in (1, 2, 5, 12, len(header) // 2, len(header) - 1):
+        with pytest.raises(EOFError):
+            page_header_sizes(header[:cut])
 
 
 lengths = st.one_of(st.integers(0, LIMIT - MARGIN), st.integers(LIMIT + 1, 3 * LIMIT))
@@ -94,13 +145,10 @@ def test_a_page_header_that_cannot_be_read_makes_the_file_unreadable(damage):
         data[start:start + 16] = b"\xff" * 16
     elif damage == "zeros":
         data[start:start + 16] = b"\x00" * 16
-    else:  # a header whose page runs past the end of its chunk
-        from fastparquet.cencoding import NumpyIO, ThriftObject
-
-        header = ThriftObject.from_buffer(NumpyIO(bytes(data[start:start + 1024])), "PageHeader")
-        header.compressed_page_size = 1 << 30
-        rewritten = header.to_bytes()
-        data[start:start + len(rewritten)] = rewritten
+    else:  # a header whose page runs past the end of its chunk: its own sizes, written with Thrift's compact protocol
+        (uncompressed, _), length = page_header_sizes(bytes(data[start:start + 1024]))
+        rewritten = _header(uncompressed, 1 << 30)
+        data[start:start + length] = rewritten.ljust(length, b"\x00")
     with pytest.raises(UnreadablePages, match="page header at byte"):
         large_pages(io.BytesIO(bytes(data)), metadata, LIMIT)
 

@@ -11,9 +11,9 @@ that page costs its size, as it always did).
 
 - Finding them (``large_pages``, on the driver, which reads the footers anyway): only a column
   chunk whose footer gives it more uncompressed bytes than the limit can hold such a page, and
-  only those chunks' page headers are read (fastparquet's Thrift reader; a header is a few dozen
-  bytes, the page data is skipped). A header that cannot be read makes the file unreadable, as a
-  broken footer does.
+  only those chunks' page headers are read (Apache Thrift's compact protocol, never past the bytes
+  read; a header is a few dozen bytes, the page data is skipped). A header that cannot be read
+  makes the file unreadable, as a broken footer does.
 - Reading around them (``guarded_batches``, in Spark's Python workers, pyarrow only): a file
   holding one is read row group by row group. A row group without large pages is read whole;
   one with a large page is read without the columns holding it, and each of its rows carries
@@ -82,8 +82,6 @@ def large_pages(file: BinaryIO, metadata: pq.FileMetaData, limit: int) -> list[L
 
 def largest_page(file: BinaryIO, chunk: pq.ColumnChunkMetaData) -> int:
     """The uncompressed size of the chunk's largest page, dictionary page included, from the page headers only."""
-    from fastparquet.cencoding import NumpyIO, ThriftObject  # the driver's only use of fastparquet
-
     start = chunk.data_page_offset
     if chunk.has_dictionary_page and chunk.dictionary_page_offset:
         start = min(start, chunk.dictionary_page_offset)
@@ -92,18 +90,17 @@ def largest_page(file: BinaryIO, chunk: pq.ColumnChunkMetaData) -> int:
     while offset < end:
         file.seek(offset)
         window = file.read(min(window_bytes, end - offset))
-        buffer = NumpyIO(window)
         try:
-            header = ThriftObject.from_buffer(buffer, "PageHeader")
-            sizes = (header.uncompressed_page_size, header.compressed_page_size)
+            sizes, read = page_header_sizes(window)
+        except EOFError as exc:
+            if len(window) < end - offset and window_bytes < MAX_HEADER_BYTES:
+                # The header goes on past the window (statistics holding long values): read it again, whole.
+                window_bytes *= 16
+                continue
+            sizes, read, problem = None, 0, f"it runs past {len(window)} bytes ({type(exc).__name__})"
         except Exception as exc:  # noqa: BLE001 - Thrift garbage raises whatever its decoding trips on
-            header, sizes, problem = None, None, exc
-        read = buffer.tell()
-        if read >= len(window) and len(window) < end - offset and window_bytes < MAX_HEADER_BYTES:
-            # The header may go on past the window (statistics holding long values): read it again, whole.
-            window_bytes *= 16
-            continue
-        if header is None:
+            sizes, read, problem = None, 0, f"{type(exc).__name__}: {exc}"
+        if sizes is None:
             raise UnreadablePages(f"the page header at byte {offset} of column {chunk.path_in_schema} cannot be read: "
                                   f"{problem}") from None
         if not all(isinstance(s, int) and s >= 0 for s in sizes) or read <= 0 or offset + read + sizes[1] > end:
@@ -115,6 +112,47 @@ def largest_page(file: BinaryIO, chunk: pq.ColumnChunkMetaData) -> int:
         largest = max(largest, sizes[0])
         offset += read + sizes[1]
     return largest
+
+
+# Parquet's PageHeader (parquet.thrift): field 2 is the page's uncompressed size, field 3 its compressed size (the
+# bytes that follow the header); both required i32. The other fields (its type, CRC, the per-kind headers with their
+# statistics) are skipped.
+UNCOMPRESSED_PAGE_SIZE, COMPRESSED_PAGE_SIZE = 2, 3
+
+
+def page_header_sizes(window: bytes) -> tuple[tuple, int]:
+    """``((uncompressed, compressed), header bytes)`` of the Thrift PageHeader at the start of ``window``.
+
+    Read with Apache Thrift's compact protocol over the window's bytes only: a header that runs past the window raises
+    ``EOFError`` (read a larger window), garbage raises whatever its decoding trips on, never reads beyond the window.
+    (fastparquet's Cython reader, used before, reads past the end of a buffer that stops inside a header: a header cut
+    by the window crashed the process now and then.) A missing size is None.
+    """
+    from thrift.protocol.TCompactProtocol import TCompactProtocol
+    from thrift.protocol.TProtocol import TType
+    from thrift.transport.TTransport import TMemoryBuffer
+
+    class BytesAsBinary(TCompactProtocol):
+        """Skips string fields as bytes: statistics of a binary column are not UTF-8."""
+
+        def readString(self):  # noqa: N802 - Thrift's name
+            return self.readBinary()
+
+    buffer = TMemoryBuffer(window)
+    protocol = BytesAsBinary(buffer)
+    sizes: dict[int, int] = {}
+    protocol.readStructBegin()
+    while True:
+        _, kind, field = protocol.readFieldBegin()
+        if kind == TType.STOP:
+            break
+        if field in (UNCOMPRESSED_PAGE_SIZE, COMPRESSED_PAGE_SIZE) and kind == TType.I32:
+            sizes[field] = protocol.readI32()
+        else:
+            protocol.skip(kind)  # depth-limited (64 levels)
+        protocol.readFieldEnd()
+    protocol.readStructEnd()
+    return (sizes.get(UNCOMPRESSED_PAGE_SIZE), sizes.get(COMPRESSED_PAGE_SIZE)), buffer._buffer.tell()  # noqa: SLF001
 
 
 def page_detail(name: str, pages: list[LargePage], limit: int) -> dict[int, tuple[set[str], str]]:
