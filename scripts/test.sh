@@ -12,4 +12,7 @@ cd "$(dirname "$0")/.."
 # xdist's (the most tests first); the files of a group there (FILE_GROUPS: files sharing a costly session fixture,
 # such as the Kafka brokers) go to one worker together. `./scripts/test.sh -n 0` runs everything in this one process.
 # The 15 slowest tests are listed at the end of every run, so that a test that grows slow shows.
-exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 "$@"
+# A test that takes its worker down (a crash in a native library) fails the run at once: xdist would otherwise start
+# a new worker and hand it the crashed file again, up to eight times, and a whole suite run so did not end at all
+# (tests/test_suite_runner.py).
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart=0 --durations=15 "$@"
