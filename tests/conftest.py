@@ -59,7 +59,11 @@ LONGEST_FIRST = (
 # with the other worker. They get the first tier only; the suite's own long-lived JVM (``spark``)
 # keeps both. This changes no result, only how the JVM compiles the same bytecode. (Measured at e698bbc, 2 cores, one
 # run each: the suite's own JVM with C1 only took the whole suite from 1175 s to 1554 s, the ingest fuzz test alone
-# 351 s.)
+# 351 s.) Why: with the first tier only, the JVM's code cache shrinks from 240 MiB to 48 MiB; late in a suite run it
+# is full, the JIT stops and the fuzz test runs interpreted. Not kept either: the suite's own JVM with the first tier
+# and a 256 MiB code cache (-XX:ReservedCodeCacheSize=256m). No cliff then (that test 32.8 s), but no gain: back to back
+# at 8beeeb1, 881.2 s and 1657 CPU-seconds with it, 841.1 s and 1606 without (the first fixtures sped up, test_watch's
+# 165 -> 146 s and test_incremental's 66 -> 45 s, the longer runs slowed down).
 CHILD_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 # Not kept: the optimizing tier's thresholds raised tenfold for the suite's own JVM (-XX:Tier4InvocationThreshold=50000
 # -XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=400000). A warm audit of `replica-lens simulate`'s default
