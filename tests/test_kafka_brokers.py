@@ -227,7 +227,9 @@ def test_broker_gaps_are_reported_and_prove_nothing_the_complete_topic_does_not(
     store, _, _, _ = broker_history
     marks = store.read_snapshot(spark, "partition_watermarks", "broker", struct_for("partition_watermarks"))
     txn = marks.where("topic = 'txn_v1'").collect()
-    assert txn and all(r["gaps"] == 1 and r["gap_positions"] == ABORTED + 1 for r in txn)
+    assert txn and all(r["gaps"] == 1 and r["gap_positions"] == ABORTED + 1 for r in txn), [
+        {k: r[k] for k in ("replica", "partition", "first_offset", "last_offset", "gaps", "gap_positions",
+                           "first_gap_offset", "last_gap_offset")} for r in txn]  # every row: it failed once, unseen
     assert sum(r["gap_positions"] for r in marks.where("topic = 'compact_v1'").collect()) > 0
 
     def proven(snapshot_id: str, topic: str) -> set:
