@@ -19,8 +19,10 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from pipelines.ingest.parquet_pages import (
+    COMPRESSED_PAGE_SIZE,
     LARGE_PAGE_FIELD,
     PAGE_TOO_LARGE,
+    UNCOMPRESSED_PAGE_SIZE,
     UNREADABLE_FIELD,
     UnreadablePages,
     guarded_batches,
@@ -63,7 +65,7 @@ def _header(uncompressed: int, compressed: int, statistics: bytes = b"") -> byte
     out = TMemoryBuffer()
     p = TCompactProtocol(out)
     p.writeStructBegin("PageHeader")
-    for field, value in ((1, 0), (2, uncompressed), (3, compressed)):
+    for field, value in ((1, 0), (UNCOMPRESSED_PAGE_SIZE, uncompressed), (COMPRESSED_PAGE_SIZE, compressed)):
         p.writeFieldBegin("", TType.I32, field)
         p.writeI32(value)
         p.writeFieldEnd()

@@ -32,7 +32,7 @@ def test_a_test_that_crashes_its_worker_fails_the_run_at_once(tmp_path):
     )
     (tmp_path / "test_other.py").write_text("def test_other():\n    pass\n")
     command = [sys.executable, "-m", "pytest", *_runner_options(), "-p", "no:cacheprovider", "-q", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": str(PROJECT), "PYTHONFAULTHANDLER": "0"}
+    env = {**os.environ, "PYTHONPATH": str(PROJECT)}
     process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                start_new_session=True)
     try:

@@ -152,7 +152,7 @@ def page_header_sizes(window: bytes) -> tuple[tuple, int]:
             protocol.skip(kind)  # depth-limited (64 levels)
         protocol.readFieldEnd()
     protocol.readStructEnd()
-    return (sizes.get(UNCOMPRESSED_PAGE_SIZE), sizes.get(COMPRESSED_PAGE_SIZE)), buffer._buffer.tell()  # noqa: SLF001
+    return (sizes.get(UNCOMPRESSED_PAGE_SIZE), sizes.get(COMPRESSED_PAGE_SIZE)), buffer.cstringio_buf.tell()
 
 
 def page_detail(name: str, pages: list[LargePage], limit: int) -> dict[int, tuple[set[str], str]]:
