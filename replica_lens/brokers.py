@@ -351,22 +351,28 @@ def produce_rows(producer, topic: str, partition: int, rows: list[dict], *, offs
     return errors
 
 
-def transaction(bootstrap: str, transactional_id: str, topic: str, partition: int, rows: list[dict],
-                *, commit: bool) -> None:
-    """Produce ``rows`` into one partition in one transaction, committed or aborted (offsets as the broker
-    gives them: a transaction's records and its marker take offsets of their own)."""
+def transactions(bootstrap: str, transactional_id: str, topic: str, partition: int,
+                 batches: list[tuple[list[dict], bool]]) -> None:
+    """Produce each ``(rows, commit)`` batch into one partition in a transaction of its own, committed or aborted,
+    in order (offsets as the broker gives them: a transaction's records and its marker take offsets of their own).
+
+    One transactional id for them all: the broker answers a commit or an abort once its coordinator has decided,
+    and writes the marker into the partition after that. A producer with another id could write its records
+    before that marker; the same id's next transaction waits until the marker is written, so the partition holds
+    each batch and then its marker, in the order given."""
     from confluent_kafka import Producer
 
     producer = Producer(producer_config(bootstrap, **{"transactional.id": transactional_id}))
     producer.init_transactions(30)
-    producer.begin_transaction()
-    errors = produce_rows(producer, topic, partition, rows, offsets=False)
-    if errors:
-        raise BrokerError(f"{topic}[{partition}]: {errors[0]}")
-    if commit:
-        producer.commit_transaction(30)
-    else:
-        producer.abort_transaction(30)
+    for rows, commit in batches:
+        producer.begin_transaction()
+        errors = produce_rows(producer, topic, partition, rows, offsets=False)
+        if errors:
+            raise BrokerError(f"{topic}[{partition}]: {errors[0]}")
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
 
 
 def produce_snapshot(
