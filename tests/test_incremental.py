@@ -372,7 +372,7 @@ def test_context_problems_finds_missing_changed_and_duplicated_state(audits):
 
     def problems(v: DataFrame, c: DataFrame) -> set[tuple]:
         # Counted in Spark's Python workers (a large state) and on the driver (a small one): the same problems.
-        found = [{(r["replica"], r["problem"], r["found"]) for r in context_problems(v, c, driver=d).collect()}
+        found = [{(r["replica"], r["problem"], r["found"]) for r in context_problems(v, c, driver=d)}
                  for d in (False, True)]
         assert found[0] == found[1]
         return {(replica, problem) for replica, problem, _ in found[0]}

@@ -11,9 +11,12 @@ it with pyarrow (``found_sums_of_files``).
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Mapping
 
-from pyspark.sql import Column, DataFrame, SparkSession
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -44,13 +47,22 @@ def found_sums(prior_versions: DataFrame, driver: bool = False) -> DataFrame:
     keys = ["snapshot_id", *REPLICA_PARTITION]
     versions = prior_versions.where(F.col("row_kind") == VERSION).select(*keys, *VERSION_COLUMNS)
     if driver:
-        counted = [row for batch in state_sums(versions.toArrow().to_batches(), VERSION_COLUMNS)
-                   for row in batch.to_pylist()]
-        return local_frame(prior_versions.sparkSession, [tuple(r[f.name] for f in _FOUND.fields) for r in counted],
-                           _FOUND)
+        counted = found_sums_of_arrow(versions.toArrow())
+        return local_frame(prior_versions.sparkSession, [(*key, *sums) for key, sums in counted.items()], _FOUND)
     shares = versions.mapInArrow(partial(state_sums, columns=VERSION_COLUMNS), _FOUND)
     return shares.groupBy(*keys).agg(F.sum("found_rows").alias("found_rows"),
                                      checksum(F.col("found_checksum")).alias("found_checksum"))
+
+
+def found_sums_of_arrow(versions: pa.Table) -> dict[tuple, tuple[int, int]]:
+    """``found_sums`` of VERSION rows already on the driver (an Arrow table of ``replica_state``'s columns), by
+    (snapshot id, replica, topic, partition): (rows, checksum). No Spark job."""
+    keys = ["snapshot_id", *REPLICA_PARTITION]
+    rows = versions.filter(pc.equal(versions.column("row_kind"), VERSION)) if "row_kind" in versions.column_names \
+        else versions
+    batches = rows.select([*keys, *VERSION_COLUMNS]).to_batches()
+    return {tuple(r[k] for k in keys): (r["found_rows"], r["found_checksum"])
+            for batch in state_sums(batches, VERSION_COLUMNS) for r in batch.to_pylist()}
 
 
 def found_sums_of_files(spark: SparkSession, files: dict[str, list[Any]]) -> DataFrame:
@@ -77,44 +89,40 @@ def found_sums_of_files(spark: SparkSession, files: dict[str, list[Any]]) -> Dat
 
 
 def context_problems(
-    prior_versions: DataFrame, prior_context: DataFrame, driver: bool = False, found: DataFrame | None = None,
-) -> DataFrame:
+    prior_versions: DataFrame, prior_context: DataFrame, driver: bool = False,
+    found: DataFrame | Mapping[tuple, tuple[int, int]] | None = None,
+) -> list[dict[str, Any]]:
     """Every way the CONTEXT rows of ``prior_context`` disagree with their VERSION rows in ``prior_versions``.
 
-    One row per problem: the context's snapshot and replica partition, ``problem``
+    One dict per problem: the context's snapshot and replica partition, ``problem``
     (DUPLICATE_CONTEXT, STATE_ROWS or STATE_CHECKSUM), ``expected`` (what the context
     says) and ``found`` (what the VERSION rows give). Empty when the state can be used.
     ``driver``: the VERSION rows are few, counted on the driver (``found_sums``). ``found``: their counts made
-    otherwise (``found_sums_of_files``); ``prior_versions`` is then not read.
+    otherwise (``found_sums_of_files``, or ``found_sums_of_arrow`` of rows already read); ``prior_versions`` is then
+    not read. The contexts and the counts are a few rows per replica partition: they are compared here.
     """
-    keys = ["snapshot_id", *REPLICA_PARTITION]
+    keys = ("snapshot_id", *REPLICA_PARTITION)
     found = found_sums(prior_versions, driver) if found is None else found
-    expected = prior_context.where(F.col("row_kind") == CONTEXT).groupBy(*keys).agg(
-        F.count(F.lit(1)).alias("contexts"),
-        F.max("state_rows").alias("state_rows"),
-        F.max("state_checksum").alias("state_checksum"),
-    )
-    zero = F.lit(0).cast(T.LongType())
-    found_rows = F.coalesce(F.col("found_rows"), zero)
-    found_checksum = F.coalesce(F.col("found_checksum"), zero)
+    if not isinstance(found, Mapping):
+        found = {tuple(r[k] for k in keys): (r["found_rows"], r["found_checksum"]) for r in found.collect()}
+    expected: dict[tuple, list[Any]] = {}
+    for row in prior_context.where(F.col("row_kind") == CONTEXT).select(
+            *keys, "state_rows", "state_checksum").collect():
+        entry = expected.setdefault(tuple(row[k] for k in keys), [0, None, None])
+        entry[0] += 1
+        # Two contexts of one replica partition: the larger of each figure is checked (and the duplicate reported).
+        entry[1] = _larger(entry[1], row["state_rows"])
+        entry[2] = _larger(entry[2], row["state_checksum"])
+    problems = []
+    for key, (contexts, state_rows, state_checksum) in expected.items():
+        found_rows, found_checksum = found.get(key, (0, 0))
+        for problem, want, got in (("DUPLICATE_CONTEXT", 1, contexts), ("STATE_ROWS", state_rows, found_rows),
+                                   ("STATE_CHECKSUM", state_checksum, found_checksum)):
+            if want is None or int(want) != int(got):
+                problems.append({**dict(zip(keys, key)), "problem": problem,
+                                 "expected": None if want is None else int(want), "found": int(got)})
+    return problems
 
-    def check(problem: str, expected_value: Column, found_value: Column) -> Column:
-        return F.struct(
-            F.lit(problem).alias("problem"),
-            expected_value.cast(T.LongType()).alias("expected"),
-            found_value.cast(T.LongType()).alias("found"),
-            (~expected_value.cast(T.LongType()).eqNullSafe(found_value.cast(T.LongType()))).alias("failed"),
-        )
 
-    expected_and_found = {
-        "DUPLICATE_CONTEXT": (F.lit(1), F.col("contexts")),
-        "STATE_ROWS": (F.col("state_rows"), found_rows),
-        "STATE_CHECKSUM": (F.col("state_checksum"), found_checksum),
-    }
-    checks = F.array(*[check(problem, *expected_and_found[problem]) for problem in PROBLEMS])
-    return (
-        expected.join(found, on=keys, how="left")
-        .select(*keys, F.inline(checks))
-        .where(F.col("failed"))
-        .select(*keys, "problem", "expected", "found")
-    )
+def _larger(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else max(a, b)

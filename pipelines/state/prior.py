@@ -93,12 +93,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipelines.frames import computed_once
-from pipelines.state.check import PROBLEMS, context_problems, found_sums_of_files
+from pipelines.state.check import PROBLEMS, context_problems, found_sums_of_arrow, found_sums_of_files
 from pipelines.state.overlap import verify_overlaps
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION, VERSION, partition_name
 from resources.tuning import on_driver
@@ -147,7 +147,7 @@ def no_prior_state(spark: SparkSession) -> PriorState:
 # -------------------------------------------------------------- predecessors
 _CONFLICT = T.StructType(
     [T.StructField("snapshot_id", T.StringType()), T.StructField("first_offset", T.LongType()),
-     T.StructField("last_offset", T.LongType())]
+     T.StructField("last_offset", T.LongType()), T.StructField("state_rows", T.LongType())]
 )
 
 
@@ -164,6 +164,8 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
     intersects the snapshot's). A context the snapshot overlaps is its predecessor when it
     is the only one and the snapshot starts after its first offset and ends after its last.
     ``absent``: ``partition_wm``'s column of that name (``absent_dumps`` rows), else false.
+    ``previous_state_rows``: the chosen context's ``state_rows`` (how many VERSION rows it says it has; null without
+    that column in ``contexts``), for the reader to know whether they are few before reading them.
     """
     rp = list(REPLICA_PARTITION)
     # ``absent`` (``pipelines/state/absent.py``): a replica partition the cut lists but the snapshot has no rows of.
@@ -175,6 +177,7 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
         F.col("snapshot_id").alias("c_snapshot"),
         F.col("first_offset").alias("c_first"),
         F.col("last_offset").alias("c_last"),
+        (F.col("state_rows") if "state_rows" in contexts.columns else F.lit(None)).cast(T.LongType()).alias("c_rows"),
     )
     candidates = mid.join(others, on=rp, how="inner")
     before = F.col("c_last") < F.col("first_offset")
@@ -183,10 +186,11 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
     overlaps = (F.col("c_first") <= F.col("last_offset")) & (F.col("c_last") >= F.col("first_offset"))
     conflict = F.struct(
         F.col("c_snapshot").alias("snapshot_id"), F.col("c_first").alias("first_offset"),
-        F.col("c_last").alias("last_offset"),
+        F.col("c_last").alias("last_offset"), F.col("c_rows").alias("state_rows"),
     )
     links = candidates.join(best, on=rp, how="inner").groupBy(*rp).agg(
         F.max("previous_last_offset").alias("previous_last_offset"),
+        F.max(F.when(at_best, F.col("c_rows"))).alias("best_rows"),
         # A set: two context rows of one snapshot are the commit-context check's to report.
         F.array_sort(F.collect_set(F.when(at_best, F.col("c_snapshot")))).alias("candidates"),
         F.array_sort(F.collect_list(F.when(overlaps, conflict))).alias("overlapping"),
@@ -210,6 +214,7 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
         F.when(continues_inside, only["last_offset"]).otherwise(F.col("previous_last_offset"))
         .alias("previous_last_offset"),
         F.coalesce(continues_inside, F.lit(False)).alias("overlap"),
+        F.when(continues_inside, only["state_rows"]).when(below, F.col("best_rows")).alias("previous_state_rows"),
         tied.alias("candidates"),
         overlapping.alias("overlapping"),
         "absent",
@@ -281,9 +286,11 @@ def prior_state(
                                 F.lit(False).alias("absent"))
     if absent is not None:
         dumps = dumps.unionByName(absent.select(*dumps.columns))
-    links = computed_once(predecessors(dumps, contexts))
-    session = links.sparkSession
-    link_rows = links.orderBy(*rp).collect()
+    # One job: the links are a row per replica partition, sorted and kept here as a local relation.
+    chosen_links = predecessors(dumps, contexts)
+    session = chosen_links.sparkSession
+    link_rows = sorted(chosen_links.collect(), key=lambda link: tuple(link[c] for c in rp))
+    links = local_frame(session, link_rows, chosen_links.schema)
     # The chosen replica partitions, from the rows just read (a local relation: no job to broadcast it).
     chosen = local_frame(
         session, [(link["previous_snapshot_id"], *(link[c] for c in rp))
@@ -313,16 +320,26 @@ def prior_state(
         read = read_states(ids).where(F.col("snapshot_id").isin(*ids))
     # The chosen replica partitions (a handful) go to the scan of the state, never the reverse: the state's Parquet
     # files are small for their rows, and Spark's estimate would broadcast every carried version.
-    context = read.where(F.col("row_kind") == CONTEXT).join(F.broadcast(chosen), on=["snapshot_id", *rp], how="inner")
-    versions = read.where(F.col("row_kind") == VERSION).join(F.broadcast(chosen), on=["snapshot_id", *rp], how="inner")
+    both = read.join(F.broadcast(chosen), on=["snapshot_id", *rp], how="inner")
+    context = both.where(F.col("row_kind") == CONTEXT)
+    versions = both.where(F.col("row_kind") == VERSION)
+    # The chosen contexts say how many VERSION rows they have: few, both kinds are read here in one job.
+    few = bool(continued) and on_driver(sum(int(link["previous_state_rows"] or 0) for link in continued))
 
     verified, differing = verify_overlaps(raw, links, continued, snapshot_id)
     refusals.extend(differing)
     # The chosen contexts (a row per replica partition) are read once, here: every later use (the carry, the next
     # state's contexts, the checks) reads this local copy instead of the state's files again.
     found = {}
+    read_versions = None
     if continued:
-        read_contexts = context.toArrow()
+        if few:
+            read_both = both.toArrow()
+            kinds = read_both.column("row_kind")
+            read_contexts = read_both.filter(pc.equal(kinds, CONTEXT))
+            read_versions = read_both.filter(pc.equal(kinds, VERSION))
+        else:
+            read_contexts = context.toArrow()
         context = local_batches(session, read_contexts.to_batches(), context.schema)
         # The contexts read with their VERSION rows must be the ones chosen: a partition re-written or dropped
         # (retention) by a concurrent audit between the two reads is refused, never half used.
@@ -338,13 +355,17 @@ def prior_state(
     carried_rows = sum(int(rows or 0) for rows in found.values())
     if continued and on_driver(carried_rows):
         # Few: read once, kept here for the check's checksum and the carry (each would scan the state's files again).
-        versions = local_batches(session, versions.toArrow().to_batches(), versions.schema)
+        read_versions = versions.toArrow() if read_versions is None else read_versions
+        versions = local_batches(session, read_versions.to_batches(), versions.schema)
+    else:
+        read_versions = None
     # Too many for the driver: counted from the state's files themselves where the store can list them.
     files = state_files(ids) if continued and state_files is not None and not on_driver(carried_rows) else None
     found_counts = found_sums_of_files(session, files) if files is not None else None
+    if found_counts is None and read_versions is not None:
+        found_counts = found_sums_of_arrow(read_versions)  # on the driver, from the rows just read: no Spark job
     problems = sorted(
-        context_problems(versions, context, driver=on_driver(carried_rows), found=found_counts).collect()
-        if continued else [],
+        context_problems(versions, context, driver=on_driver(carried_rows), found=found_counts) if continued else [],
         key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
     )
     by_context: dict[tuple, list[str]] = {}
