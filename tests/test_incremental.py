@@ -390,7 +390,7 @@ def test_context_problems_finds_missing_changed_and_duplicated_state(audits):
 def context_row(spark, snapshot_id: str, first: int, last: int, replica: str = A) -> DataFrame:
     row = {"snapshot_id": snapshot_id, "row_kind": CONTEXT, "replica": replica, "topic": TOPIC, "partition": 0,
            "first_offset": first, "stream_first_offset": 0, "last_offset": last, "starts_with_sop": True,
-           "pre_history_bound": {}, "end_lower_bound": {A: last}, "state_rows": 0, "state_checksum": 0}
+           "pre_history_bound": {}, "end_lower_bound": {A: last}, "state_rows": 1000 + last, "state_checksum": 0}
     struct = ReplicaState.to_structtype()
     return spark.createDataFrame([tuple(row.get(f.name) for f in struct.fields)], struct)
 
@@ -404,17 +404,23 @@ def partition_row(spark, first: int, last: int, snapshot_id: str = "s9") -> Data
 
 
 def test_the_predecessor_is_the_context_with_the_greatest_last_offset_below_the_dump(spark):
+    """Catches a predecessor other than the closest state below the dump (or the one it overlaps and continues), and
+    the chosen state's size (``previous_state_rows``, which decides whether it is read onto the driver) taken from
+    another context."""
     contexts = (context_row(spark, "s0", 0, 9).unionByName(context_row(spark, "s1", 10, 19))
                 .unionByName(context_row(spark, "s2", 20, 29)).unionByName(context_row(spark, "s1", 10, 19, B)))
     link = predecessors(partition_row(spark, 30, 39), contexts).first()
     assert (link["previous_snapshot_id"], link["previous_last_offset"], link["overlapping"]) == ("s2", 29, [])
+    assert link["previous_state_rows"] == 1029
     # A dump that skips s2's range continues the state right below it.
     skipping = predecessors(partition_row(spark, 25, 26), contexts.where(F.col("snapshot_id") != "s2")).first()
-    assert skipping["previous_snapshot_id"] == "s1"
-    assert predecessors(partition_row(spark, 0, 5), contexts).first()["previous_snapshot_id"] is None
+    assert (skipping["previous_snapshot_id"], skipping["previous_state_rows"]) == ("s1", 1019)
+    fresh = predecessors(partition_row(spark, 0, 5), contexts).first()
+    assert (fresh["previous_snapshot_id"], fresh["previous_state_rows"]) == (None, None)
     # A dump starting inside s2's range and going past it continues s2, once the overlap 25..29 is verified.
     inside = predecessors(partition_row(spark, 25, 35), contexts).first()
     assert (inside["previous_snapshot_id"], inside["previous_last_offset"], inside["overlap"]) == ("s2", 29, True)
+    assert inside["previous_state_rows"] == 1029
     assert [o["snapshot_id"] for o in inside["overlapping"]] == ["s2"]
     assert link["overlap"] is False
 

@@ -15,7 +15,6 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
