@@ -390,7 +390,7 @@ def test_context_problems_finds_missing_changed_and_duplicated_state(audits):
 def context_row(spark, snapshot_id: str, first: int, last: int, replica: str = A) -> DataFrame:
     row = {"snapshot_id": snapshot_id, "row_kind": CONTEXT, "replica": replica, "topic": TOPIC, "partition": 0,
            "first_offset": first, "stream_first_offset": 0, "last_offset": last, "starts_with_sop": True,
-           "pre_history_bound": {}, "end_lower_bound": {A: last}, "state_rows": 1000 + last, "state_checksum": 0}
+           "pre_history_bound": {}, "end_lower_bound": {A: last}, "state_rows": 1000 - last, "state_checksum": 0}
     struct = ReplicaState.to_structtype()
     return spark.createDataFrame([tuple(row.get(f.name) for f in struct.fields)], struct)
 
@@ -411,16 +411,16 @@ def test_the_predecessor_is_the_context_with_the_greatest_last_offset_below_the_
                 .unionByName(context_row(spark, "s2", 20, 29)).unionByName(context_row(spark, "s1", 10, 19, B)))
     link = predecessors(partition_row(spark, 30, 39), contexts).first()
     assert (link["previous_snapshot_id"], link["previous_last_offset"], link["overlapping"]) == ("s2", 29, [])
-    assert link["previous_state_rows"] == 1029
+    assert link["previous_state_rows"] == 971
     # A dump that skips s2's range continues the state right below it.
     skipping = predecessors(partition_row(spark, 25, 26), contexts.where(F.col("snapshot_id") != "s2")).first()
-    assert (skipping["previous_snapshot_id"], skipping["previous_state_rows"]) == ("s1", 1019)
+    assert (skipping["previous_snapshot_id"], skipping["previous_state_rows"]) == ("s1", 981)
     fresh = predecessors(partition_row(spark, 0, 5), contexts).first()
     assert (fresh["previous_snapshot_id"], fresh["previous_state_rows"]) == (None, None)
     # A dump starting inside s2's range and going past it continues s2, once the overlap 25..29 is verified.
     inside = predecessors(partition_row(spark, 25, 35), contexts).first()
     assert (inside["previous_snapshot_id"], inside["previous_last_offset"], inside["overlap"]) == ("s2", 29, True)
-    assert inside["previous_state_rows"] == 1029
+    assert inside["previous_state_rows"] == 971
     assert [o["snapshot_id"] for o in inside["overlapping"]] == ["s2"]
     assert link["overlap"] is False
 
