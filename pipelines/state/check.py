@@ -21,7 +21,6 @@ from pyspark.sql import types as T
 
 from pipelines.state.arrow_checksum import file_state_sums, state_sums
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION, VERSION, VERSION_COLUMNS, checksum
-from schemas.conform import local_frame
 from schemas.state import ReplicaState
 
 PROBLEMS = ("DUPLICATE_CONTEXT", "STATE_ROWS", "STATE_CHECKSUM")
@@ -34,34 +33,29 @@ _FOUND = T.StructType([
 ])
 
 
-def found_sums(prior_versions: DataFrame, driver: bool = False) -> DataFrame:
+def found_sums(prior_versions: DataFrame) -> DataFrame:
     """Per snapshot and replica partition of ``prior_versions``' VERSION rows: how many (``found_rows``) and their
     checksum (``found_checksum``, ``rows.checksum`` of ``version_hash``).
 
-    Counted on Arrow batches with numpy (``arrow_checksum.state_sums``, equal to Spark's ``xxhash64`` bit for bit):
-    in Spark's Python workers, each task's share added up by Spark (a few rows); ``driver``, the rows are few and come
-    over as Arrow, counted here (no Python worker to start). Spark's own hash of every vector's sorted entries and a
-    decimal sum cost several times more per carried version.
+    Counted on Arrow batches with numpy (``arrow_checksum.state_sums``, equal to Spark's ``xxhash64`` bit for bit)
+    in Spark's Python workers, each task's share added up by Spark (a few rows). Spark's own hash of every vector's
+    sorted entries and a decimal sum cost several times more per carried version. Few rows, on the driver:
+    ``found_sums_of_arrow``.
     """
     keys = ["snapshot_id", *REPLICA_PARTITION]
     versions = prior_versions.where(F.col("row_kind") == VERSION).select(*keys, *VERSION_COLUMNS)
-    if driver:
-        counted = found_sums_of_arrow(versions.toArrow())
-        return local_frame(prior_versions.sparkSession, [(*key, *sums) for key, sums in counted.items()], _FOUND)
     shares = versions.mapInArrow(partial(state_sums, columns=VERSION_COLUMNS), _FOUND)
     return shares.groupBy(*keys).agg(F.sum("found_rows").alias("found_rows"),
                                      checksum(F.col("found_checksum")).alias("found_checksum"))
 
 
 def found_sums_of_arrow(versions: pa.Table) -> dict[tuple, tuple[int, int]]:
-    """``found_sums`` of VERSION rows already on the driver (an Arrow table of ``replica_state``'s columns), by
-    (snapshot id, replica, topic, partition): (rows, checksum). No Spark job."""
+    """``found_sums`` of ``replica_state`` rows on the driver (an Arrow table; its VERSION rows are counted), by
+    (snapshot id, replica, topic, partition): (rows, checksum). No Spark job, no Python worker."""
     keys = ["snapshot_id", *REPLICA_PARTITION]
-    rows = versions.filter(pc.equal(versions.column("row_kind"), VERSION)) if "row_kind" in versions.column_names \
-        else versions
-    batches = rows.select([*keys, *VERSION_COLUMNS]).to_batches()
+    rows = versions.filter(pc.equal(versions.column("row_kind"), VERSION)).select([*keys, *VERSION_COLUMNS])
     return {tuple(r[k] for k in keys): (r["found_rows"], r["found_checksum"])
-            for batch in state_sums(batches, VERSION_COLUMNS) for r in batch.to_pylist()}
+            for batch in state_sums(rows.to_batches(), VERSION_COLUMNS) for r in batch.to_pylist()}
 
 
 def found_sums_of_files(spark: SparkSession, files: dict[str, list[Any]]) -> DataFrame:
@@ -96,12 +90,13 @@ def context_problems(
     One dict per problem: the context's snapshot and replica partition, ``problem``
     (DUPLICATE_CONTEXT, STATE_ROWS or STATE_CHECKSUM), ``expected`` (what the context
     says) and ``found`` (what the VERSION rows give). Empty when the state can be used.
-    ``driver``: the VERSION rows are few, counted on the driver (``found_sums``). ``found``: their counts made
+    ``driver``: the VERSION rows are few, counted on the driver (``found_sums_of_arrow``). ``found``: their counts made
     otherwise (``found_sums_of_files``, or ``found_sums_of_arrow`` of rows already read); ``prior_versions`` is then
     not read. The contexts and the counts are a few rows per replica partition: they are compared here.
     """
     keys = ("snapshot_id", *REPLICA_PARTITION)
-    found = found_sums(prior_versions, driver) if found is None else found
+    if found is None:
+        found = found_sums_of_arrow(prior_versions.toArrow()) if driver else found_sums(prior_versions)
     if not isinstance(found, Mapping):
         found = {tuple(r[k] for k in keys): (r["found_rows"], r["found_checksum"]) for r in found.collect()}
     expected: dict[tuple, list[Any]] = {}

@@ -164,8 +164,8 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
     intersects the snapshot's). A context the snapshot overlaps is its predecessor when it
     is the only one and the snapshot starts after its first offset and ends after its last.
     ``absent``: ``partition_wm``'s column of that name (``absent_dumps`` rows), else false.
-    ``previous_state_rows``: the chosen context's ``state_rows`` (how many VERSION rows it says it has; null without
-    that column in ``contexts``), for the reader to know whether they are few before reading them.
+    ``previous_state_rows``: the chosen context's ``state_rows`` (how many VERSION rows it says it has), for the
+    reader to know whether they are few before reading them.
     """
     rp = list(REPLICA_PARTITION)
     # ``absent`` (``pipelines/state/absent.py``): a replica partition the cut lists but the snapshot has no rows of.
@@ -177,7 +177,7 @@ def predecessors(partition_wm: DataFrame, contexts: DataFrame) -> DataFrame:
         F.col("snapshot_id").alias("c_snapshot"),
         F.col("first_offset").alias("c_first"),
         F.col("last_offset").alias("c_last"),
-        (F.col("state_rows") if "state_rows" in contexts.columns else F.lit(None)).cast(T.LongType()).alias("c_rows"),
+        F.col("state_rows").alias("c_rows"),
     )
     candidates = mid.join(others, on=rp, how="inner")
     before = F.col("c_last") < F.col("first_offset")
@@ -353,19 +353,19 @@ def prior_state(
             )
     # The carried versions are counted on the driver when their contexts say they are few (``on_driver``).
     carried_rows = sum(int(rows or 0) for rows in found.values())
+    found_counts = None
     if continued and on_driver(carried_rows):
-        # Few: read once, kept here for the check's checksum and the carry (each would scan the state's files again).
+        # Few: read once (with the contexts when they said so), kept here for the check's checksum, counted here, and
+        # for the carry (each would scan the state's files again).
         read_versions = versions.toArrow() if read_versions is None else read_versions
         versions = local_batches(session, read_versions.to_batches(), versions.schema)
-    else:
-        read_versions = None
-    # Too many for the driver: counted from the state's files themselves where the store can list them.
-    files = state_files(ids) if continued and state_files is not None and not on_driver(carried_rows) else None
-    found_counts = found_sums_of_files(session, files) if files is not None else None
-    if found_counts is None and read_versions is not None:
-        found_counts = found_sums_of_arrow(read_versions)  # on the driver, from the rows just read: no Spark job
+        found_counts = found_sums_of_arrow(read_versions)
+    elif continued and state_files is not None:
+        # Too many for the driver: counted from the state's files themselves where the store can list them.
+        files = state_files(ids)
+        found_counts = found_sums_of_files(session, files) if files is not None else None
     problems = sorted(
-        context_problems(versions, context, driver=on_driver(carried_rows), found=found_counts) if continued else [],
+        context_problems(versions, context, found=found_counts) if continued else [],
         key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
     )
     by_context: dict[tuple, list[str]] = {}
