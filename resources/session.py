@@ -38,9 +38,9 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 # Tungsten's memory page: the unit in which sorts, hash aggregates and hash joins take memory. Spark sizes it from
 # the heap (a 16th of a core's share of execution memory: 32 MiB for the 3 GiB driver on 2 cores), and every task
 # that sorts or aggregates takes at least one whole page, zeroed, whether it holds 3 rows or 3 million. An audit runs
-# thousands of such tasks over small partitions: with 32 MiB pages the JVM spent about a tenth of its time in full
-# collections of pages already freed (docs/performance.md). A large partition takes more 2 MiB pages instead of fewer
-# big ones (up to 8,192 pages, 16 GiB, per task). A user's ``spark.buffer.pageSize`` wins.
+# thousands of such tasks over small partitions: with 32 MiB pages a JVM that audits again and again spent about a
+# tenth of its time collecting pages already freed (docs/performance.md). A large partition takes more 2 MiB pages
+# instead of fewer big ones (up to 8,192 pages, 16 GiB, per task). A user's ``spark.buffer.pageSize`` wins.
 PAGE_SIZE = "spark.buffer.pageSize"
 DEFAULT_PAGE_SIZE = "2m"
 

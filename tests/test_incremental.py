@@ -48,6 +48,7 @@ from pipelines.state.carry import (
     prior_state,
     contexts_from_sums,
 )
+from pipelines.state.check import found_sums_of_arrow
 from pipelines.watermarks import partition_watermarks, reconstruct_watermarks
 from replica_lens.audit import run_audit
 from replica_lens.jobs import AUDIT_JOB
@@ -371,9 +372,10 @@ def test_context_problems_finds_missing_changed_and_duplicated_state(audits):
     contexts = state.where(F.col("row_kind") == CONTEXT)
 
     def problems(v: DataFrame, c: DataFrame) -> set[tuple]:
-        # Counted in Spark's Python workers (a large state) and on the driver (a small one): the same problems.
-        found = [{(r["replica"], r["problem"], r["found"]) for r in context_problems(v, c, driver=d)}
-                 for d in (False, True)]
+        # Counted in Spark's Python workers (a large state) and on the driver from rows read (a small one, as
+        # ``prior_state`` does): the same problems.
+        found = [{(r["replica"], r["problem"], r["found"]) for r in context_problems(v, c, found=counts)}
+                 for counts in (None, found_sums_of_arrow(v.toArrow()))]
         assert found[0] == found[1]
         return {(replica, problem) for replica, problem, _ in found[0]}
 

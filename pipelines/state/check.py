@@ -49,11 +49,11 @@ def found_sums(prior_versions: DataFrame) -> DataFrame:
                                      checksum(F.col("found_checksum")).alias("found_checksum"))
 
 
-def found_sums_of_arrow(versions: pa.Table) -> dict[tuple, tuple[int, int]]:
+def found_sums_of_arrow(state: pa.Table) -> dict[tuple, tuple[int, int]]:
     """``found_sums`` of ``replica_state`` rows on the driver (an Arrow table; its VERSION rows are counted), by
     (snapshot id, replica, topic, partition): (rows, checksum). No Spark job, no Python worker."""
     keys = ["snapshot_id", *REPLICA_PARTITION]
-    rows = versions.filter(pc.equal(versions.column("row_kind"), VERSION)).select([*keys, *VERSION_COLUMNS])
+    rows = state.filter(pc.equal(state.column("row_kind"), VERSION)).select([*keys, *VERSION_COLUMNS])
     return {tuple(r[k] for k in keys): (r["found_rows"], r["found_checksum"])
             for batch in state_sums(rows.to_batches(), VERSION_COLUMNS) for r in batch.to_pylist()}
 
@@ -82,7 +82,7 @@ def found_sums_of_files(spark: SparkSession, files: dict[str, list[Any]]) -> Dat
 
 
 def context_problems(
-    prior_versions: DataFrame, prior_context: DataFrame, driver: bool = False,
+    prior_versions: DataFrame, prior_context: DataFrame,
     found: DataFrame | Mapping[tuple, tuple[int, int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every way the CONTEXT rows of ``prior_context`` disagree with their VERSION rows in ``prior_versions``.
@@ -90,13 +90,12 @@ def context_problems(
     One dict per problem: the context's snapshot and replica partition, ``problem``
     (DUPLICATE_CONTEXT, STATE_ROWS or STATE_CHECKSUM), ``expected`` (what the context
     says) and ``found`` (what the VERSION rows give). Empty when the state can be used.
-    ``driver``: the VERSION rows are few, counted on the driver (``found_sums_of_arrow``). ``found``: their counts made
-    otherwise (``found_sums_of_files``, or ``found_sums_of_arrow`` of rows already read); ``prior_versions`` is then
-    not read. The contexts and the counts are a few rows per replica partition: they are compared here.
+    ``found``: the VERSION rows' counts made otherwise (``found_sums_of_files``, or ``found_sums_of_arrow`` of rows
+    already on the driver); ``prior_versions`` is then not read. Without it they are counted by ``found_sums``. The
+    contexts and the counts are a few rows per replica partition: they are compared here.
     """
     keys = ("snapshot_id", *REPLICA_PARTITION)
-    if found is None:
-        found = found_sums_of_arrow(prior_versions.toArrow()) if driver else found_sums(prior_versions)
+    found = found_sums(prior_versions) if found is None else found
     if not isinstance(found, Mapping):
         found = {tuple(r[k] for k in keys): (r["found_rows"], r["found_checksum"]) for r in found.collect()}
     expected: dict[tuple, list[Any]] = {}
