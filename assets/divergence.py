@@ -45,12 +45,14 @@ from pipelines.state.absent import absent_dumps, absent_watermarks
 from pipelines.state.carry import carry_over, contexts_from_sums, read_between
 from pipelines.state.prior import PriorState, StateRefused, no_prior_state, prior_state, retained_states
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION
+from pipelines.state.settled import Settled, settle, settled_parts
 from resources.delta_store import DeltaStore
 from resources.errors import InvalidSetting
 from resources.reports import ReportSettings
 from resources.session import parquet_batches
+from resources.staged_files import ArrowStage
 from resources.spark import SparkResource
-from resources.tuning import parquet_batch_rows
+from resources.tuning import BROADCAST_MAX_ROWS, parquet_batch_rows
 
 GROUP = "divergence"
 KINDS = {"spark", "delta"}
@@ -103,6 +105,23 @@ def load_prior_state(
         absent=absent,
         state_files=lambda ids: store.snapshot_files(session, STATE, ids),
     )
+
+
+def settle_carried(
+    session: SparkSession, store: DeltaStore, stage: ArrowStage, partitions: DataFrame, prior: PriorState,
+    rows: DataFrame, own_rows: Optional[int],
+) -> Optional[Settled]:
+    """The carried keys a small cut settles (``pipelines/state/settled.py``), their state rows written into ``stage``;
+    None when it settles none: nothing carried, a cut too large to send its keys to the state's files (or of
+    unknown size), or a Delta engine that does not list the state's files."""
+    if not prior.links or own_rows is None or own_rows > BROADCAST_MAX_ROWS:
+        return None
+    dumps = partitions.select(*REPLICA_PARTITION, "first_gap_lower_bound").collect()
+    parts = settled_parts(dumps, prior.links, prior.context.collect())
+    if not parts:
+        return None
+    files = store.snapshot_files(session, STATE, sorted({p.previous for p in parts}))
+    return settle(session, stage, files, parts, rows) if files is not None else None
 
 
 def cut_absences(session: SparkSession, store: DeltaStore, partitions: DataFrame, snapshot_id: str) -> DataFrame | None:
@@ -203,6 +222,11 @@ def divergence_reports(
         if prior.absent:
             # Their partition_watermarks rows, made from the state each continues (rows 0: nothing read here).
             partitions = partitions.unionByName(absent_watermarks(absent, prior.context))
+        tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=most_rows)
+        state = tables.arrow_stage(STATE)
+        # A small cut's carried keys that it does not write and whose verdict cannot change are settled: their state
+        # rows are copied into this snapshot's state, and they leave the comparison (pipelines/state/settled.py).
+        settled = settle_carried(session, store, state, partitions, prior, rows, own_rows)
         if prior.links:
             # The positions between each state and this dump read and skipped by rule (chunks, control messages),
             # in this snapshot or its predecessors: not gaps.
@@ -214,7 +238,8 @@ def divergence_reports(
             # hold what the state kept of them, for the pass to write the next state.
             carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context,
                                                           read_between(skipped, partitions, prior.context),
-                                                          cut_rows=own_rows, prior_payload=True)
+                                                          cut_rows=own_rows, prior_payload=True,
+                                                          settled=settled.keys if settled else None)
         else:  # a fresh stream everywhere: nothing to carry, the snapshot's own tables are the stream's
             carried_rows, carried_partitions = rows, partitions
         carried = {
@@ -229,14 +254,14 @@ def divergence_reports(
         layout = comparison_layout(carried_partitions)
         # The witnesses' values are looked up in the snapshot's raw rows, by position (the only read of its values).
         raw = read_stage(session, store, "raw_topic_snapshots", snapshot_id)
-        tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=most_rows)
         # The comparison's pass writes the state's VERSION rows itself (each key's last version per replica, from
-        # the rows it holds anyway), with their checksums; the contexts follow from its sums.
-        state = tables.arrow_stage(STATE)
+        # the rows it holds anyway), with their checksums; the contexts follow from its sums and the settled rows'.
         comparison = compare(carried_rows, carried_partitions, layout, rows=most_rows, values=raw,
-                             state=state_files(state, layout))
-        store.write_arrow(state, contexts_from_sums(carried_partitions, prior.context, comparison.state_sums),
+                             state=state_files(state, layout), settled=settled.counts if settled else None)
+        store.write_arrow(state, contexts_from_sums(carried_partitions, prior.context, comparison.state_sums,
+                                                    more=[(snapshot_id, *s) for s in settled.sums] if settled else ()),
                           name="contexts")
+        carried["settled_keys"] = settled.total if settled else 0
         tables.stage_arrow(state, extra_metadata=carried)
         tables.stage(comparison.summary, "divergence_summary")
         # One row per topic partition and replica pair: read once for the totals and the preview.

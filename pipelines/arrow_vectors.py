@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import cloudpickle
 
 
@@ -38,6 +39,21 @@ def map_entries(vectors: pa.MapArray) -> tuple[np.ndarray, pa.Array, pa.Array]:
     entry = np.repeat(bounds[:-1], lengths) + np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     entry = pa.array(entry, pa.int64())
     return owner, vectors.keys.take(entry), vectors.items.take(entry)
+
+
+def dense_vectors(vectors: pa.Array, regions: pa.Array) -> np.ndarray:
+    """A map array as dense vectors (rows, regions): ``-1`` for a component it lacks, and every component of a null
+    vector. Components of regions not in ``regions`` are left out: give every region the vectors name."""
+    if isinstance(vectors, pa.ChunkedArray):
+        vectors = vectors.combine_chunks()
+    dense = np.full((len(vectors), len(regions)), -1, dtype=np.int64)
+    owner, keys, values = map_entries(vectors)
+    if len(owner):
+        column = pc.index_in(keys, value_set=regions)
+        known = column.is_valid().to_numpy(zero_copy_only=False)
+        dense[owner[known], column.to_numpy(zero_copy_only=False)[known].astype(np.int64)] = \
+            values.to_numpy(zero_copy_only=False)[known]
+    return dense
 
 
 # Sent to Spark's Python workers by value, with the passes that use it.

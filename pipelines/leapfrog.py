@@ -329,10 +329,18 @@ def _partition_keys(compared: DataFrame, layout: ComparisonLayout) -> DataFrame:
     )
 
 
-def _summary(pairs: DataFrame, verdicts: DataFrame, partition_keys: DataFrame) -> DataFrame:
+_SETTLED_COUNTS = T.StructType([
+    T.StructField("snapshot_id", T.StringType()), T.StructField("topic", T.StringType()),
+    T.StructField("partition", T.IntegerType()), T.StructField("settled", T.LongType()),
+])
+
+
+def _summary(pairs: DataFrame, verdicts: DataFrame, partition_keys: DataFrame,
+             settled: DataFrame | None = None) -> DataFrame:
     """Per replica pair and topic partition: its key pairs per verdict, and the topic partition's keys per verdict
     (``partition_keys_*``, each key once under its worst verdict over the partition's pairs; the same on every pair
-    row of the partition)."""
+    row of the partition). ``settled``: per topic partition, its settled keys (``pipelines/state/settled.py``), not
+    compared by the pass: compared and CONSISTENT in every pair of the partition."""
     def count_of(verdict: str) -> Column:
         return F.sum((F.col("verdict") == verdict).cast(T.LongType()))
 
@@ -346,9 +354,15 @@ def _summary(pairs: DataFrame, verdicts: DataFrame, partition_keys: DataFrame) -
     )
     zero = F.lit(0).cast(T.LongType())
     # A pair whose partition holds no data rows still gets its row, all zeros.
-    return pairs.select(*PAIR).join(counts, on=list(PAIR), how="left").join(
+    summary = pairs.select(*PAIR).join(counts, on=list(PAIR), how="left").join(
         partition_keys, on=list(PART), how="left"
     ).select(*PAIR, *[F.coalesce(F.col(c), zero).alias(c) for c in (*counted, *PARTITION_KEY_COUNTS)])
+    if settled is None:
+        return summary
+    more = F.coalesce(F.col("settled"), zero)
+    grown = ("keys_compared", "consistent", "partition_keys_compared", "partition_keys_consistent")
+    return summary.join(F.broadcast(settled), on=list(PART), how="left").select(
+        *PAIR, *[(F.col(c) + more).alias(c) if c in grown else F.col(c) for c in (*counted, *PARTITION_KEY_COUNTS)])
 
 
 def _gap_bounds(regions: list[str], gaps: bool) -> list[Column]:
@@ -399,7 +413,7 @@ def state_files(stage: ArrowStage, layout: ComparisonLayout) -> StateFiles:
 
 def compare(
     row_watermarks: DataFrame, partition_wm: DataFrame, layout: ComparisonLayout | None = None, rows: int | None = None,
-    values: DataFrame | None = None, state: StateFiles | None = None,
+    values: DataFrame | None = None, state: StateFiles | None = None, settled: dict[tuple[str, int], int] | None = None,
 ) -> Comparison:
     """Leap Frog over every replica pair, and every key's last version per replica, from one pass.
 
@@ -411,7 +425,9 @@ def compare(
     ``raw_topic_snapshots`` rows, where the witnesses' values are looked up (``_with_values``).
     ``state``: the pass writes the replica state's VERSION rows there (``state_files``), the rows
     ``next_state`` makes of ``last_versions`` and the carried versions (the rows of ``row_watermarks`` that
-    ``carry_over(prior_payload=True)`` marks ``is_prior``); they are written when this returns.
+    ``carry_over(prior_payload=True)`` marks ``is_prior``); they are written when this returns. ``settled``: per
+    (topic, partition), the keys left out of ``row_watermarks`` as settled (``pipelines/state/settled.py``), counted
+    as compared and CONSISTENT in every pair of the partition.
     """
     layout = comparison_layout(partition_wm) if layout is None else layout
     spark = row_watermarks.sparkSession
@@ -428,6 +444,11 @@ def compare(
     per_replica = compared.where(F.col("pair_id").isNull() & F.col("replica_id").isNotNull()).join(
         F.broadcast(ids), on=["part_id", "replica_id"], how="inner"
     )
+    settled_counts = None
+    if settled:
+        snapshot_id = layout.replica_partitions[0][0]
+        settled_counts = local_frame(spark, [(snapshot_id, topic, partition, n)
+                                             for (topic, partition), n in sorted(settled.items())], _SETTLED_COUNTS)
     last_versions = state_sums = None
     if state is None:
         last_versions = per_replica.select(
@@ -440,7 +461,8 @@ def compare(
         state_sums = per_replica.select(*REPLICA_PARTITION, "state_rows", "state_checksum")
     return Comparison(
         reports=conform(reports, DivergenceReports.to_structtype()),
-        summary=conform(_summary(pairs, verdicts, _partition_keys(compared, layout)), DivergenceSummary.to_structtype()),
+        summary=conform(_summary(pairs, verdicts, _partition_keys(compared, layout), settled_counts),
+                        DivergenceSummary.to_structtype()),
         last_versions=last_versions,
         state_sums=state_sums,
     )

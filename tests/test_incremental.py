@@ -1156,3 +1156,40 @@ def test_the_pass_in_spark_workers_writes_no_state_of_an_absent_replica_partitio
     assert got == {(A, B, f"m{i}"): "MISSING" for i in range(1, 8)}
     whole = ONLY_A_C1 + ONLY_A_C2
     assert got == {k[2:]: f.verdict for k, f in reference_verdicts(whole).items() if f.verdict != "CONSISTENT"}
+
+
+# --------------------------------------------------------------------------- settled keys
+
+
+@pytest.mark.slow
+def test_settled_keys_leave_the_comparison_and_the_tables_are_those_of_comparing_them(spark, audits, tmp_path,
+                                                                                      monkeypatch):
+    """S2 of "faulty" and "clean" through the asset, in two warehouses: one settles the carried keys S2 does not
+    write and whose verdict cannot change (``pipelines/state/settled.py``), the other compares every carried key.
+    Catches: a settled key that a comparison would report (a divergence or IN_FLIGHT key settled), a settled key not
+    counted CONSISTENT in every pair, a settled key's state row differing from the one the pass writes, or its
+    checksum share lost (the next context would not match its rows)."""
+    import assets.divergence as divergence
+
+    topics = ("faulty", "clean")
+    s1_rows = [r for r in audits.s1_rows if r["topic"] in topics]
+    s2_rows = [r for r in audits.s2_rows if r["topic"] in topics]
+    landing = tmp_path / "landing"
+    write_landing(landing, "s1", s1_rows)
+    write_landing(landing, "s2", s2_rows)
+    first = run_audit("s1", str(landing), str(tmp_path / "settling"), **SETTINGS)
+    assert first.success, first.error
+    shutil.copytree(tmp_path / "settling", tmp_path / "comparing")
+    results, tables = {}, {}
+    for mode in ("settling", "comparing"):
+        if mode == "comparing":
+            monkeypatch.setattr(divergence, "settle_carried", lambda *args, **kwargs: None)
+        results[mode] = run_audit("s2", str(landing), str(tmp_path / mode), **SETTINGS)
+        assert results[mode].success, results[mode].error
+        tables[mode] = {name: canonical(table(spark, tmp_path / mode, name, "s2")) for name in DIVERGENCE_STAGE}
+    settled = results["settling"].metadata["divergence_reports"]["settled_keys"]
+    assert settled > 0 and results["comparing"].metadata["divergence_reports"].get("settled_keys", 0) == 0
+    for name in DIVERGENCE_STAGE:
+        assert tables["settling"][name] == tables["comparing"][name], name
+    # dc-c lags in "clean": its keys are IN_FLIGHT and stay compared; so do "faulty"'s proven keys.
+    assert results["settling"].metadata["divergence_reports"]["keys_in_flight"] > 0

@@ -224,25 +224,32 @@ def file_state_sums(
     of the table would give, in its types): a column the file was written without is null, as Spark reads it, and
     the checksum skips nulls. No JVM converts the rows into Arrow: the file's own Arrow columns are hashed.
     """
-    import pyarrow.parquet as pq
-
     def rows() -> Iterator[pa.RecordBatch]:
         for batch in ids:
             for number in batch.column(0).to_pylist():
-                snapshot_id, fs, path = files[number]
-                table = pq.read_table(path, filesystem=fs)
-                # Typed first: a file rewritten by another writer may hold views of strings (delta-rs), which
-                # pyarrow's filter cannot take.
-                count = table.num_rows
-                typed = pa.table([
-                    pa.repeat(pa.scalar(snapshot_id, field.type), count) if field.name == "snapshot_id"
-                    else table[field.name].cast(field.type) if field.name in table.column_names
-                    else pa.nulls(count, field.type)
-                    for field in schema
-                ], schema=schema)
-                yield from typed.filter(pc.equal(table[kind_column].cast(pa.string()), kind)).to_batches()
+                yield from state_file(files[number], schema, kind_column, kind).to_batches()
 
     yield from state_sums(rows(), columns)
+
+
+def state_file(file: tuple[str, object, str], schema: pa.Schema, kind_column: str, kind: str) -> pa.Table:
+    """The rows of kind ``kind`` of one state file (snapshot id, pyarrow filesystem, path), in ``schema``.
+
+    Typed first: a file rewritten by another writer may hold views of strings (delta-rs), which pyarrow's filter
+    cannot take; a column the file was written without is null, as Spark reads it; ``snapshot_id`` is the folder's.
+    """
+    import pyarrow.parquet as pq
+
+    snapshot_id, fs, path = file
+    table = pq.read_table(path, filesystem=fs)
+    count = table.num_rows
+    typed = pa.table([
+        pa.repeat(pa.scalar(snapshot_id, field.type), count) if field.name == "snapshot_id"
+        else table[field.name].cast(field.type) if field.name in table.column_names
+        else pa.nulls(count, field.type)
+        for field in schema
+    ], schema=schema)
+    return typed.filter(pc.equal(table[kind_column].cast(pa.string()), kind))
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -191,6 +191,7 @@ def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame,
 def carry_over(
     row_wm: DataFrame, partition_wm: DataFrame, prior_versions: DataFrame, prior_context: DataFrame,
     between: DataFrame | None = None, cut_rows: int | None = None, prior_payload: bool = False,
+    settled: DataFrame | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """One snapshot's (``reconstructed_watermarks``, ``partition_watermarks``) continued from ``prior_context``.
 
@@ -208,6 +209,8 @@ def carry_over(
     Spark's estimate would broadcast hundreds of megabytes). ``prior_payload``: the carried rows also hold what the
     state kept of them (``PRIOR_PAYLOAD``: ``is_prior``, ``prior_origin``, ``prior_missing``, ``prior_touch``; null on
     the snapshot's own rows), for the comparison's pass to write the next state from (``pipelines.leapfrog.compare``).
+    ``settled``: keys (``topic``, ``partition``, ``key``) whose carried versions are left out: settled, their state
+    written otherwise (``pipelines/state/settled.py``).
     """
     rp = list(REPLICA_PARTITION)
     # A row per continued replica partition, used by every branch below: computed once, then a local relation (its
@@ -238,6 +241,8 @@ def carry_over(
                 *CARRIED_COLUMNS, "origin_snapshot_id")
         .join(F.broadcast(stream), on=["previous_snapshot_id", *rp], how="inner")
     )
+    if settled is not None:
+        carried = carried.join(F.broadcast(settled), on=["topic", "partition", "key"], how="left_anti")
     small_cut = cut_rows is not None and cut_rows <= BROADCAST_MAX_ROWS
 
     regions = partition_regions(parts)
@@ -493,19 +498,23 @@ _SUMS = T.StructType([
 ])
 
 
-def contexts_from_sums(partition_wm: DataFrame, prior_context: DataFrame, state_sums: DataFrame) -> pa.Table:
+def contexts_from_sums(
+    partition_wm: DataFrame, prior_context: DataFrame, state_sums: DataFrame, more: Sequence[tuple] = (),
+) -> pa.Table:
     """The CONTEXT rows of the state whose VERSION rows the comparison's pass wrote, as Arrow (a handful of rows).
 
     ``state_sums``: ``Comparison.state_sums``, each task's rows and checksum per replica partition,
     summed here (a few rows per task): the checksum is a sum modulo 2^64, so the tasks' shares add
     up to the one Spark's ``version_hash`` gives the whole partition (``arrow_checksum``). The
-    divergence step writes them as one more file of the state's staged write.
+    divergence step writes them as one more file of the state's staged write. ``more``: shares written otherwise
+    (``pipelines/state/settled.py``), as (snapshot_id, replica, topic, partition, state_rows, state_checksum).
     """
     rp = ("snapshot_id", *REPLICA_PARTITION)
     totals: dict[tuple, list[int]] = {}
-    for row in state_sums.collect():
-        total = totals.setdefault(tuple(row[c] for c in rp), [0, 0])
-        total[0] += row["state_rows"]
-        total[1] += row["state_checksum"]
+    for row in [*(tuple(row[c] for c in (*rp, "state_rows", "state_checksum")) for row in state_sums.collect()),
+                *more]:
+        total = totals.setdefault(tuple(row[:4]), [0, 0])
+        total[0] += row[4]
+        total[1] += row[5]
     stats = local_frame(partition_wm.sparkSession, [(*k, n, signed(c)) for k, (n, c) in totals.items()], _SUMS)
     return state_contexts(partition_wm, prior_context, stats).toArrow()

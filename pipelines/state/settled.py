@@ -1,0 +1,302 @@
+"""Settled keys: carried keys that a snapshot does not write and whose verdict cannot change, left out of its pass.
+
+An incremental audit of a small cut continues a state that holds every key's last version per replica partition
+(``carry.py``). Most of those keys are not written by the cut, and for most of them the comparison can only find
+what it found before: every replica holds the same last value. Such a key is *settled* in snapshot S when, in a topic
+partition T:
+
+- every replica partition of T that S compares continues the state of one and the same snapshot P0, has rows in S
+  (none absent), and its stream has no gap so far (SPEC 3a: no gap in an earlier dump, between P0 and S, or in S)
+  and a known ``P`` (a heartbeat vector; the stream's ``P`` stays what it is once known);
+- S writes the key in no replica of T;
+- P0's state holds a VERSION row of the key for every replica partition of T, all of the same content (``kind`` and
+  ``value_hash``), with none of the bounds a gap keeps and no value (a state written before values left it);
+- no pre-dump version proves anything: for every replica A of T whose stream starts with START_OF_PUSH and every
+  other replica B, ``U(last version of B) <= M(⊥ of A)`` does not hold, where ``U = max(P of B's stream, key_touch)``
+  and ``M(⊥ of A)`` is A's ``first_lower_bound``, as ``carry_over`` gives them to the comparison.
+
+Then S's comparison of the key (SPEC 4) sees, per replica, only ⊥ (where the stream starts with START_OF_PUSH) and the
+carried last version. The last versions hold one content, so only a pair (⊥ of A, last version w of B) could prove a
+divergence, and it needs ``U(w) <= M(⊥ of A)`` (``U(⊥) = {}`` is below every reach); both sides of that are fixed by
+the state (``P`` known, no gap, the key untouched), and it does not hold. Every pair's verdict is CONSISTENT: the
+key's last versions are equal and present on both sides. So S counts the key as compared and CONSISTENT in every
+pair of T without passing it through the comparison, and its state rows are P0's rows unchanged (the pass would write
+the same: ``key_touch`` and ``first_lower_bound`` as carried, ``origin_snapshot_id`` the carried one, no bounds
+without a gap), with P0's share of the checksum for them.
+
+The rule is decided per state file (``settle_files``, one Spark task per file, read with pyarrow): the comparison's
+pass writes every replica's VERSION row of a key into one file, so the rows a key needs are together. A key whose
+rows a rewrite spread over several files is not settled there, and is compared as before: a missed settlement costs
+time, never a verdict. Only the embedded Delta engine lists a state's files (``DeltaStore.snapshot_files``); with
+delta-spark every carried key is compared.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import cloudpickle
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from pipelines.arrow_vectors import dense_vectors
+from pipelines.frames import computed_once
+from pipelines.state.arrow_checksum import row_hashes, signed, state_file
+from pipelines.state.rows import VERSION, VERSION_COLUMNS
+from pipelines.stream_pass import task_number
+from resources.staged_files import ArrowStage
+
+
+@dataclass(frozen=True)
+class SettledPart:
+    """A topic partition whose carried keys may be settled: every replica partition continues ``previous``."""
+
+    topic: str
+    partition: int
+    previous: str  # the snapshot whose state every replica partition of the topic partition continues
+    replicas: tuple[str, ...]  # sorted
+    sop: tuple[bool, ...]  # per replica: its stream starts with START_OF_PUSH
+    pre_history: tuple[tuple[tuple[str, int], ...], ...]  # per replica: its stream's P, as sorted items
+
+
+def settled_parts(
+    partitions: Sequence[Mapping[str, Any]], links: Sequence[Mapping[str, Any]], contexts: Sequence[Mapping[str, Any]],
+) -> list[SettledPart]:
+    """The topic partitions where S may settle keys (the module's first rule), from a handful of driver rows.
+
+    ``partitions``: S's ``partition_watermarks`` rows (with the absent ones' rows); ``links``: ``PriorState.links``
+    (a replica partition without one is not continued); ``contexts``: the chosen CONTEXT rows
+    (``PriorState.context``). A stream's gap may be in an earlier dump (the context's), between the state and S (S
+    starting past the state's last offset: counted as a gap here even where the positions between were read and
+    skipped by rule, which only settles fewer keys), or in S.
+    """
+    link_of = {(l["replica"], l["topic"], l["partition"]): l for l in links}
+    context_of = {(c["snapshot_id"], c["replica"], c["topic"], c["partition"]): c for c in contexts}
+    by_part: dict[tuple, list] = {}
+    for dump in partitions:
+        by_part.setdefault((dump["topic"], dump["partition"]), []).append(dump)
+    parts = []
+    for (topic, partition), members in sorted(by_part.items()):
+        members = sorted(members, key=lambda d: d["replica"])
+        links_here = [link_of.get((d["replica"], topic, partition)) for d in members]
+        if len(members) < 2 or any(link is None or link.get("absent") or link["previous_snapshot_id"] is None
+                                   for link in links_here):
+            continue
+        previous = {link["previous_snapshot_id"] for link in links_here}
+        if len(previous) != 1 or any(d["first_gap_lower_bound"] is not None
+                                     or link["first_offset"] > link["previous_last_offset"] + 1
+                                     for d, link in zip(members, links_here)):
+            continue
+        (p0,) = previous
+        found = [context_of.get((p0, d["replica"], topic, partition)) for d in members]
+        if any(c is None or c["pre_history_bound"] is None or c["first_gap_lower_bound"] is not None
+               or (c["gap_positions"] or 0) > 0 for c in found):
+            continue
+        parts.append(SettledPart(
+            topic=topic, partition=partition, previous=p0, replicas=tuple(d["replica"] for d in members),
+            sop=tuple(bool(c["starts_with_sop"]) for c in found),
+            pre_history=tuple(tuple(sorted(dict(c["pre_history_bound"]).items())) for c in found),
+        ))
+    return parts
+
+
+# What ``settle_files`` returns: per settled key a KEY row (topic, partition, key), per replica partition whose rows
+# it wrote a SUMS row (replica, topic, partition, state_rows, state_checksum), per topic partition a COUNT row.
+SETTLED = T.StructType([
+    T.StructField("row_kind", T.StringType()), T.StructField("replica", T.StringType()),
+    T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
+    T.StructField("key", T.StringType()), T.StructField("state_rows", T.LongType()),
+    T.StructField("state_checksum", T.LongType()),
+])
+KEY, SUMS, COUNT = "KEY", "SUMS", "COUNT"  # COUNT: a topic partition's settled keys in ``state_rows``
+
+
+def settled_in(rows: pa.Table, part: SettledPart, touched: pa.Array | None) -> np.ndarray:
+    """Which of ``rows`` (VERSION rows of ``part``'s topic partition in the state of ``part.previous``) belong to
+    settled keys (the module's rules but the first): a mask over ``rows``."""
+    n, count = len(part.replicas), rows.num_rows
+    replica = pc.index_in(rows["replica"], value_set=pa.array(part.replicas, pa.string()))
+    usable = replica.is_valid().to_numpy(zero_copy_only=False)
+    # A settled key's rows are copied as they are: none may hold what only a gap keeps, or a value.
+    for name in ("touch_bound", "reach", "missing_before", "value"):
+        usable &= rows[name].is_null().to_numpy(zero_copy_only=False)
+    if touched is not None and len(touched):
+        usable &= ~pc.is_in(rows["key"], value_set=touched).to_numpy(zero_copy_only=False)
+    keys = pc.dictionary_encode(rows["key"]).combine_chunks().indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    replica = replica.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    at = np.flatnonzero(usable)
+    at = at[np.lexsort((replica[at], keys[at]))]
+    settled = np.zeros(count, bool)
+    if not len(at):
+        return settled
+    starts = np.flatnonzero(np.r_[True, keys[at][1:] != keys[at][:-1]])
+    sizes = np.diff(np.append(starts, len(at)))
+    whole = starts[sizes == n]  # a row for every replica (one row per replica partition and key)
+    if not len(whole):
+        return settled
+    group = at[whole[:, None] + np.arange(n)]  # (keys, n): each key's rows, by replica
+    complete = (replica[group] == np.arange(n)).all(axis=1)
+    content = pc.binary_join_element_wise(rows["kind"].fill_null(""), rows["value_hash"].fill_null(""), "\x00")
+    token = pc.dictionary_encode(content).combine_chunks().indices.to_numpy(zero_copy_only=False)[group]
+    same = (token == token[:, :1]).all(axis=1)
+    # U of each last version (P of its stream and its key_touch) against M of each pre-dump version (its
+    # first_lower_bound), over every region either names.
+    names = {r for p in part.pre_history for r, _ in p}
+    for name in ("key_touch", "first_lower_bound"):
+        names.update(pc.unique(rows[name].combine_chunks().keys).to_pylist())
+    listed = sorted(names)
+    regions = pa.array(listed, pa.string())
+    pre_history = np.full((n, len(listed)), -1, np.int64)
+    for i, p in enumerate(part.pre_history):
+        for region, offset in p:
+            pre_history[i, listed.index(region)] = offset
+    touch = np.maximum(dense_vectors(rows["key_touch"], regions)[group], pre_history[None, :, :])
+    reach_of_bottom = dense_vectors(rows["first_lower_bound"], regions)[group]
+    proof = np.zeros(len(group), bool)
+    for a in range(n):
+        if part.sop[a]:
+            for b in range(n):
+                if b != a:
+                    proof |= (touch[:, b, :] <= reach_of_bottom[:, a, :]).all(axis=1)
+    settled[group[complete & same & ~proof].ravel()] = True
+    return settled
+
+
+def settle_files(
+    ids: Iterator[pa.RecordBatch], files: tuple[tuple[str, object, str], ...], parts: tuple[SettledPart, ...],
+    touched: Mapping[tuple[str, int], pa.Array], read_schema: pa.Schema, stage: ArrowStage, out_schema: pa.Schema,
+) -> Iterator[pa.RecordBatch]:
+    """Per state file whose number ``ids`` hold: its settled keys' VERSION rows written into S's state (one file per
+    task, ``settled-NNNNN``), and what ``SETTLED`` says of them.
+
+    ``files``: (snapshot id, pyarrow filesystem, path) of the states continued; ``touched``: per topic partition of
+    ``parts``, the keys S writes there.
+    """
+    by_previous: dict[str, list[SettledPart]] = {}
+    for part in parts:
+        by_previous.setdefault(part.previous, []).append(part)
+    file = stage.files(task_number(), name=f"settled-{task_number():05d}")
+    totals: dict[tuple, list[int]] = {}
+    counts: dict[tuple, int] = {}
+    keys: list[pa.Table] = []
+    try:
+        for batch in ids:
+            for number in batch.column(0).to_pylist():
+                snapshot_id = files[number][0]
+                if snapshot_id not in by_previous:
+                    continue
+                rows = state_file(files[number], read_schema, "row_kind", VERSION)
+                for part in by_previous[snapshot_id]:
+                    here = rows.filter(pc.and_(pc.equal(rows["topic"], part.topic),
+                                               pc.equal(rows["partition"], part.partition)))
+                    if not here.num_rows:
+                        continue
+                    mask = settled_in(here, part, touched.get((part.topic, part.partition)))
+                    if not mask.any():
+                        continue
+                    chosen = here.filter(pa.array(mask))
+                    for out in chosen.to_batches():
+                        file.write(out)
+                    hashes = row_hashes(chosen, VERSION_COLUMNS)
+                    replicas = chosen["replica"].to_pylist()
+                    for replica, h in zip(replicas, hashes.tolist()):
+                        total = totals.setdefault((replica, part.topic, part.partition), [0, 0])
+                        total[0] += 1
+                        total[1] += h
+                    first = chosen.filter(pc.equal(chosen["replica"], part.replicas[0]))
+                    keys.append(first.select(["topic", "partition", "key"]))
+                    counts[(part.topic, part.partition)] = counts.get((part.topic, part.partition), 0) + first.num_rows
+        file.close()
+    except BaseException:
+        file.abort()
+        raise
+    for table in keys:
+        count = table.num_rows
+        yield pa.RecordBatch.from_pydict({
+            "row_kind": pa.repeat(pa.scalar(KEY), count), "replica": pa.nulls(count, pa.string()),
+            "topic": table["topic"].combine_chunks(), "partition": table["partition"].combine_chunks(),
+            "key": table["key"].combine_chunks(), "state_rows": pa.nulls(count, pa.int64()),
+            "state_checksum": pa.nulls(count, pa.int64()),
+        }, schema=out_schema)
+    if totals:
+        listed = [(SUMS, *k, n, signed(c)) for k, (n, c) in sorted(totals.items())]
+        listed += [(COUNT, None, *k, n, None) for k, n in sorted(counts.items())]
+        yield pa.RecordBatch.from_pydict({
+            "row_kind": pa.array([r[0] for r in listed]), "replica": pa.array([r[1] for r in listed], pa.string()),
+            "topic": pa.array([r[2] for r in listed]), "partition": pa.array([r[3] for r in listed], pa.int32()),
+            "key": pa.nulls(len(listed), pa.string()),
+            "state_rows": pa.array([r[4] for r in listed], pa.int64()),
+            "state_checksum": pa.array([r[5] for r in listed], pa.int64()),
+        }, schema=out_schema)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What settling wrote into S's state: the keys (to leave out of the comparison), their count per topic
+    partition (compared and CONSISTENT in every pair), and per replica partition the rows and checksum share."""
+
+    keys: DataFrame  # topic, partition, key
+    counts: dict[tuple[str, int], int]
+    sums: list[tuple[str, str, int, int, int]]  # replica, topic, partition, state_rows, state_checksum
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def settle(
+    spark: SparkSession, stage: ArrowStage, files: Mapping[str, list[Any]], parts: Sequence[SettledPart],
+    rows: DataFrame,
+) -> Settled | None:
+    """Settle the carried keys of ``parts`` that S's ``rows`` (its ``reconstructed_watermarks``) do not write: their
+    state rows go into ``stage`` (S's ``replica_state``), and they leave the comparison. None: nothing to settle.
+
+    ``files``: ``DeltaStore.snapshot_files`` of the states continued. One Spark job reads the keys S writes (a small
+    cut's rows), one writes the settled rows (a task per core, each reading its share of the files; computed once).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from schemas.state import ReplicaState
+
+    if not parts:
+        return None
+    # A small cut's rows (at most BROADCAST_MAX_ROWS): their keys come over as they are, made distinct here.
+    written = rows.select("topic", "partition", "key").toArrow()
+    touched = {}
+    for part in parts:
+        here = written.filter(pc.and_(pc.equal(written["topic"], part.topic),
+                                      pc.equal(written["partition"], part.partition)))
+        touched[(part.topic, part.partition)] = pc.unique(here["key"].combine_chunks())
+    listed = tuple((snapshot_id, location.fs, location.path)
+                   for snapshot_id in sorted({p.previous for p in parts}) for location in files.get(snapshot_id, []))
+    if not listed:
+        return None
+    run = partial(settle_files, files=listed, parts=tuple(parts), touched=touched,
+                  read_schema=to_arrow_schema(ReplicaState.to_structtype()), stage=stage,
+                  out_schema=to_arrow_schema(SETTLED))
+    # A task per core, each reading its share of the files (a task costs more than a file's work).
+    tasks = max(1, min(len(listed), spark.sparkContext.defaultParallelism))
+    found = computed_once(spark.range(0, len(listed), 1, tasks).mapInArrow(run, SETTLED))
+    keys = found.where(F.col("row_kind") == KEY).select("topic", "partition", "key")
+    counts: dict[tuple[str, int], int] = {}
+    totals: dict[tuple, list[int]] = {}
+    for r in found.where(F.col("row_kind") != KEY).collect():
+        if r["row_kind"] == COUNT:
+            counts[(r["topic"], r["partition"])] = counts.get((r["topic"], r["partition"]), 0) + r["state_rows"]
+            continue
+        total = totals.setdefault((r["replica"], r["topic"], r["partition"]), [0, 0])
+        total[0] += r["state_rows"]
+        total[1] += r["state_checksum"]
+    if not counts:
+        return None
+    sums = [(*k, n, signed(c)) for k, (n, c) in sorted(totals.items())]
+    return Settled(keys=keys, counts=counts, sums=sums)
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
