@@ -24,8 +24,9 @@ pair of T without passing it through the comparison, and its state rows are P0's
 the same: ``key_touch`` and ``first_lower_bound`` as carried, ``origin_snapshot_id`` the carried one, no bounds
 without a gap), with P0's share of the checksum for them.
 
-The rule is decided per state file (``settle_files``, one Spark task per file, read with pyarrow): the comparison's
-pass writes every replica's VERSION row of a key into one file, so the rows a key needs are together. A key whose
+The rule is decided per state file (``settle_files``: one Spark task per core reads its share of the files with
+pyarrow): the comparison's pass writes every replica's VERSION row of a key into one file, and so does the copy, so
+the rows a key needs are together. A key whose
 rows a rewrite spread over several files is not settled there, and is compared as before: a missed settlement costs
 time, never a verdict. Only the embedded Delta engine lists a state's files (``DeltaStore.snapshot_files``); with
 delta-spark every carried key is compared.
