@@ -48,7 +48,7 @@ from pyspark.sql import types as T
 
 from pipelines.arrow_vectors import dense_vectors
 from pipelines.frames import computed_once
-from pipelines.state.arrow_checksum import row_hashes, signed, state_file
+from pipelines.state.arrow_checksum import state_file, state_sums
 from pipelines.state.rows import VERSION, VERSION_COLUMNS
 from pipelines.stream_pass import task_number
 from resources.staged_files import ArrowStage
@@ -107,15 +107,15 @@ def settled_parts(
     return parts
 
 
-# What ``settle_files`` returns: per settled key a KEY row (topic, partition, key), per replica partition whose rows
-# it wrote a SUMS row (replica, topic, partition, state_rows, state_checksum), per topic partition a COUNT row.
+# What ``settle_files`` returns: per settled key a KEY row (topic, partition, key), and per replica partition whose
+# rows it wrote a SUMS row (replica, topic, partition, state_rows, state_checksum: this task's share).
 SETTLED = T.StructType([
     T.StructField("row_kind", T.StringType()), T.StructField("replica", T.StringType()),
     T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
     T.StructField("key", T.StringType()), T.StructField("state_rows", T.LongType()),
     T.StructField("state_checksum", T.LongType()),
 ])
-KEY, SUMS, COUNT = "KEY", "SUMS", "COUNT"  # COUNT: a topic partition's settled keys in ``state_rows``
+KEY, SUMS = "KEY", "SUMS"
 
 
 def settled_in(rows: pa.Table, part: SettledPart, touched: pa.Array | None) -> np.ndarray:
@@ -183,8 +183,7 @@ def settle_files(
     for part in parts:
         by_previous.setdefault(part.previous, []).append(part)
     file = stage.files(task_number(), name=f"settled-{task_number():05d}")
-    totals: dict[tuple, list[int]] = {}
-    counts: dict[tuple, int] = {}
+    written: list[pa.Table] = []
     keys: list[pa.Table] = []
     try:
         for batch in ids:
@@ -204,15 +203,10 @@ def settle_files(
                     chosen = here.filter(pa.array(mask))
                     for out in chosen.to_batches():
                         file.write(out)
-                    hashes = row_hashes(chosen, VERSION_COLUMNS)
-                    replicas = chosen["replica"].to_pylist()
-                    for replica, h in zip(replicas, hashes.tolist()):
-                        total = totals.setdefault((replica, part.topic, part.partition), [0, 0])
-                        total[0] += 1
-                        total[1] += h
-                    first = chosen.filter(pc.equal(chosen["replica"], part.replicas[0]))
-                    keys.append(first.select(["topic", "partition", "key"]))
-                    counts[(part.topic, part.partition)] = counts.get((part.topic, part.partition), 0) + first.num_rows
+                    written.append(chosen)
+                    # A settled key has one row per replica: its first replica's rows name each key once.
+                    keys.append(chosen.filter(pc.equal(chosen["replica"], part.replicas[0])).select(
+                        ["topic", "partition", "key"]))
         file.close()
     except BaseException:
         file.abort()
@@ -225,22 +219,21 @@ def settle_files(
             "key": table["key"].combine_chunks(), "state_rows": pa.nulls(count, pa.int64()),
             "state_checksum": pa.nulls(count, pa.int64()),
         }, schema=out_schema)
-    if totals:
-        listed = [(SUMS, *k, n, signed(c)) for k, (n, c) in sorted(totals.items())]
-        listed += [(COUNT, None, *k, n, None) for k, n in sorted(counts.items())]
+    # The rows written and their share of the checksum per replica partition, counted as the check counts a state.
+    for sums in state_sums((b for table in written for b in table.to_batches()), VERSION_COLUMNS):
+        count = sums.num_rows
         yield pa.RecordBatch.from_pydict({
-            "row_kind": pa.array([r[0] for r in listed]), "replica": pa.array([r[1] for r in listed], pa.string()),
-            "topic": pa.array([r[2] for r in listed]), "partition": pa.array([r[3] for r in listed], pa.int32()),
-            "key": pa.nulls(len(listed), pa.string()),
-            "state_rows": pa.array([r[4] for r in listed], pa.int64()),
-            "state_checksum": pa.array([r[5] for r in listed], pa.int64()),
+            "row_kind": pa.repeat(pa.scalar(SUMS), count), "replica": sums.column("replica"),
+            "topic": sums.column("topic"), "partition": sums.column("partition"), "key": pa.nulls(count, pa.string()),
+            "state_rows": sums.column("found_rows"), "state_checksum": sums.column("found_checksum"),
         }, schema=out_schema)
 
 
 @dataclass(frozen=True)
 class Settled:
     """What settling wrote into S's state: the keys (to leave out of the comparison), their count per topic
-    partition (compared and CONSISTENT in every pair), and per replica partition the rows and checksum share."""
+    partition (compared and CONSISTENT in every pair), and each task's rows and checksum share per replica partition
+    (``contexts_from_sums`` adds them up)."""
 
     keys: DataFrame  # topic, partition, key
     counts: dict[tuple[str, int], int]
@@ -285,19 +278,15 @@ def settle(
     tasks = max(1, min(len(listed), spark.sparkContext.defaultParallelism))
     found = computed_once(spark.range(0, len(listed), 1, tasks).mapInArrow(run, SETTLED))
     keys = found.where(F.col("row_kind") == KEY).select("topic", "partition", "key")
+    sums = [(r["replica"], r["topic"], r["partition"], r["state_rows"], r["state_checksum"])
+            for r in found.where(F.col("row_kind") == SUMS).collect()]
+    # Each settled key has one row per replica partition: a topic partition's keys are its first replica's rows.
+    first = {(p.replicas[0], p.topic, p.partition) for p in parts}
     counts: dict[tuple[str, int], int] = {}
-    totals: dict[tuple, list[int]] = {}
-    for r in found.where(F.col("row_kind") != KEY).collect():
-        if r["row_kind"] == COUNT:
-            counts[(r["topic"], r["partition"])] = counts.get((r["topic"], r["partition"]), 0) + r["state_rows"]
-            continue
-        total = totals.setdefault((r["replica"], r["topic"], r["partition"]), [0, 0])
-        total[0] += r["state_rows"]
-        total[1] += r["state_checksum"]
-    if not counts:
-        return None
-    sums = [(*k, n, signed(c)) for k, (n, c) in sorted(totals.items())]
-    return Settled(keys=keys, counts=counts, sums=sums)
+    for replica, topic, partition, rows_written, _ in sums:
+        if (replica, topic, partition) in first:
+            counts[(topic, partition)] = counts.get((topic, partition), 0) + rows_written
+    return Settled(keys=keys, counts=counts, sums=sums) if counts else None
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
