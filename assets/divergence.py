@@ -43,7 +43,9 @@ from pipelines.frames import computed_once
 from pipelines.leapfrog import compare, comparison_layout, state_files
 from pipelines.state.absent import absent_dumps, absent_watermarks
 from pipelines.state.carry import carry_over, contexts_from_sums, read_between
-from pipelines.state.prior import PriorState, StateRefused, no_prior_state, prior_state, retained_states
+from pipelines.state.prior import (
+    PriorState, StateRefused, check_state, no_prior_state, prior_state, retained_states,
+)
 from pipelines.state.rows import CONTEXT, REPLICA_PARTITION
 from pipelines.state.settled import Settled, settle, settled_parts
 from resources.delta_store import DeltaStore
@@ -91,11 +93,12 @@ def read_states(session: SparkSession, store: DeltaStore, snapshot_ids: list[str
 
 def load_prior_state(
     session: SparkSession, store: DeltaStore, partitions: DataFrame, snapshot_id: str, contexts: DataFrame | None = None,
-    absent: DataFrame | None = None,
+    absent: DataFrame | None = None, defer_check: bool = False,
 ) -> PriorState:
     """``prior_state`` of ``snapshot_id`` from the store: every state's contexts, the chosen predecessors' rows.
 
-    ``absent``: ``absent_dumps`` of the snapshot's broker cut (``cut_absences``), continued too."""
+    ``absent``: ``absent_dumps`` of the snapshot's broker cut (``cut_absences``), continued too. ``defer_check``: the
+    contexts are checked by ``check_carried`` (``prior_state``'s ``defer_check``)."""
     return prior_state(
         state_contexts(session, store) if contexts is None else contexts,
         partitions,
@@ -104,6 +107,7 @@ def load_prior_state(
         read_states=lambda ids: read_states(session, store, ids),
         absent=absent,
         state_files=lambda ids: store.snapshot_files(session, STATE, ids),
+        defer_check=defer_check,
     )
 
 
@@ -111,17 +115,37 @@ def settle_carried(
     session: SparkSession, store: DeltaStore, stage: ArrowStage, partitions: DataFrame, prior: PriorState,
     rows: DataFrame, own_rows: Optional[int],
 ) -> Optional[Settled]:
-    """The carried keys a small cut settles (``pipelines/state/settled.py``), their state rows written into ``stage``;
-    None when it settles none: nothing carried, a cut too large to send its keys to the state's files (or of
-    unknown size), or a Delta engine that does not list the state's files."""
-    if not prior.links or own_rows is None or own_rows > BROADCAST_MAX_ROWS:
+    """The carried keys a small cut settles (``pipelines/state/settled.py``), their state rows written into ``stage``,
+    from one read of the continued states that also counts them for the check and keeps the rest for the comparison;
+    None when no topic partition may settle: nothing carried, a cut too large to send its keys to the state's files
+    (or of unknown size), or a Delta engine that does not list the state's files."""
+    if not prior.links or not small_cut(own_rows):
         return None
     dumps = partitions.select(*REPLICA_PARTITION, "first_gap_lower_bound").collect()
     parts = settled_parts(dumps, prior.links, prior.context.collect())
     if not parts:
         return None
-    files = store.snapshot_files(session, STATE, sorted({p.previous for p in parts}))
+    files = store.snapshot_files(session, STATE, prior.previous_snapshot_ids)
     return settle(session, stage, files, parts, rows) if files is not None else None
+
+
+def small_cut(own_rows: Optional[int]) -> bool:
+    """A cut whose keys go to the state's files and scans (``BROADCAST_MAX_ROWS``): it may settle keys."""
+    return own_rows is not None and own_rows <= BROADCAST_MAX_ROWS
+
+
+def check_carried(
+    session: SparkSession, store: DeltaStore, tables: StepTables, prior: PriorState, snapshot_id: str,
+    settled: Optional[Settled],
+) -> None:
+    """``check_state`` of a state loaded with ``defer_check``: with the counts settling made while reading it, else
+    counted from its files. A refusal discards what the step staged and fails it."""
+    try:
+        check_state(prior, snapshot_id, found=settled.found if settled else None,
+                    state_files=lambda ids: store.snapshot_files(session, STATE, ids))
+    except StateRefused as refused:
+        tables.discard()
+        raise dg.Failure(description=str(refused), allow_retries=False) from refused
 
 
 def cut_absences(session: SparkSession, store: DeltaStore, partitions: DataFrame, snapshot_id: str) -> DataFrame | None:
@@ -214,7 +238,8 @@ def divergence_reports(
             # A replica partition the broker cut lists without rows here is compared on its carried state.
             absent = cut_absences(session, store, partitions, snapshot_id) if contexts is not None else None
             prior = (
-                load_prior_state(session, store, partitions, snapshot_id, contexts, absent)
+                load_prior_state(session, store, partitions, snapshot_id, contexts, absent,
+                                 defer_check=small_cut(own_rows))
                 if contexts is not None else no_prior_state(session)
             )
         except StateRefused as refused:
@@ -225,8 +250,10 @@ def divergence_reports(
         tables = StepTables(session, store, snapshot_id, evaluation=evaluation, rows=most_rows)
         state = tables.arrow_stage(STATE)
         # A small cut's carried keys that it does not write and whose verdict cannot change are settled: their state
-        # rows are copied into this snapshot's state, and they leave the comparison (pipelines/state/settled.py).
+        # rows are copied into this snapshot's state, and they leave the comparison (pipelines/state/settled.py). The
+        # same read counts the state for its check (before anything is committed) and keeps the other carried rows.
         settled = settle_carried(session, store, state, partitions, prior, rows, own_rows)
+        check_carried(session, store, tables, prior, snapshot_id, settled)
         if prior.links:
             # The positions between each state and this dump read and skipped by rule (chunks, control messages),
             # in this snapshot or its predecessors: not gaps.
@@ -236,10 +263,10 @@ def divergence_reports(
                 skipped = part if skipped is None else skipped.unionByName(part)
             # A small cut's per-key facts go to the carried versions' scan (no shuffle of the state); the carried rows
             # hold what the state kept of them, for the pass to write the next state.
-            carried_rows, carried_partitions = carry_over(rows, partitions, prior.versions, prior.context,
+            versions = settled.carried(prior.versions, prior.links) if settled else prior.versions
+            carried_rows, carried_partitions = carry_over(rows, partitions, versions, prior.context,
                                                           read_between(skipped, partitions, prior.context),
-                                                          cut_rows=own_rows, prior_payload=True,
-                                                          settled=settled.keys if settled else None)
+                                                          cut_rows=own_rows, prior_payload=True)
         else:  # a fresh stream everywhere: nothing to carry, the snapshot's own tables are the stream's
             carried_rows, carried_partitions = rows, partitions
         carried = {

@@ -867,7 +867,8 @@ def test_a_tampered_state_is_refused_naming_the_replica_partition_and_nothing_of
     spark, audits, seeded, tmp_path, monkeypatch, driver_max_rows
 ):
     """Catches a state that lost a VERSION row outside an audit passing its check, whether its rows are counted on
-    the driver or from its files (a file the Delta log removed still counted, the check skipped)."""
+    the driver or from its files (a file the Delta log removed still counted, the check skipped; S2 is a small cut
+    that settles keys, so from its files the read that settles them counts them: a check left undone after it)."""
     count_state(monkeypatch, driver_max_rows)
     landing, seeded_warehouse = seeded
     warehouse = tmp_path / "warehouse"

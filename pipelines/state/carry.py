@@ -191,7 +191,6 @@ def _stream_facts(partition_wm: DataFrame, prior_context: DataFrame,
 def carry_over(
     row_wm: DataFrame, partition_wm: DataFrame, prior_versions: DataFrame, prior_context: DataFrame,
     between: DataFrame | None = None, cut_rows: int | None = None, prior_payload: bool = False,
-    settled: DataFrame | None = None,
 ) -> tuple[DataFrame, DataFrame]:
     """One snapshot's (``reconstructed_watermarks``, ``partition_watermarks``) continued from ``prior_context``.
 
@@ -209,8 +208,6 @@ def carry_over(
     Spark's estimate would broadcast hundreds of megabytes). ``prior_payload``: the carried rows also hold what the
     state kept of them (``PRIOR_PAYLOAD``: ``is_prior``, ``prior_origin``, ``prior_missing``, ``prior_touch``; null on
     the snapshot's own rows), for the comparison's pass to write the next state from (``pipelines.leapfrog.compare``).
-    ``settled``: keys (``topic``, ``partition``, ``key``) whose carried versions are left out: settled, their state
-    written otherwise (``pipelines/state/settled.py``).
     """
     rp = list(REPLICA_PARTITION)
     # A row per continued replica partition, used by every branch below: computed once, then a local relation (its
@@ -241,8 +238,6 @@ def carry_over(
                 *CARRIED_COLUMNS, "origin_snapshot_id")
         .join(F.broadcast(stream), on=["previous_snapshot_id", *rp], how="inner")
     )
-    if settled is not None:
-        carried = carried.join(F.broadcast(settled), on=["topic", "partition", "key"], how="left_anti")
     small_cut = cut_rows is not None and cut_rows <= BROADCAST_MAX_ROWS
 
     regions = partition_regions(parts)

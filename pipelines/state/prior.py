@@ -91,7 +91,7 @@ state is kept, as before.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping, NoReturn
 
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -119,6 +119,7 @@ class PriorState:
     versions: DataFrame
     context: DataFrame
     links: list[dict[str, Any]]  # per continued replica partition: ids and offsets (a handful of rows)
+    unchecked: bool = False  # the contexts are yet to be checked against their VERSION rows (``check_state``)
 
     @property
     def previous_snapshot_ids(self) -> list[str]:
@@ -254,6 +255,7 @@ def prior_state(
     read_states: Callable[[list[str]], DataFrame] | None = None,
     absent: DataFrame | None = None,
     state_files: Callable[[list[str]], dict[str, list[Any]] | None] | None = None,
+    defer_check: bool = False,
 ) -> PriorState:
     """The state ``snapshot_id`` continues, chosen by the predecessor rule and checked; raises ``StateRefused``.
 
@@ -278,6 +280,10 @@ def prior_state(
     counts them from the files (``found_sums_of_files``) instead of Spark's read of the rows. It lists them just after
     the chosen contexts were read: a state re-written in between (a concurrent re-materialization, retention) can
     only fail the check (refused, audit again), never pass one it should not.
+
+    ``defer_check``: where the carried versions are too many for the driver and nothing else is refused, the check
+    is left to the caller (``PriorState.unchecked``), who counts the rows while reading them for another purpose and
+    calls ``check_state`` before using any of them (``pipelines/state/settled.py``: one read of the state).
     """
     rp = list(REPLICA_PARTITION)
     others = state.where(F.col("snapshot_id") != snapshot_id)
@@ -354,42 +360,25 @@ def prior_state(
     # The carried versions are counted on the driver when their contexts say they are few (``on_driver``).
     carried_rows = sum(int(rows or 0) for rows in found.values())
     found_counts = None
+    deferred = False
     if continued and on_driver(carried_rows):
         # Few: read once (with the contexts when they said so), kept here for the check's checksum, counted here, and
         # for the carry (each would scan the state's files again).
         read_versions = versions.toArrow() if read_versions is None else read_versions
         versions = local_batches(session, read_versions.to_batches(), versions.schema)
         found_counts = found_sums_of_arrow(read_versions)
+    elif continued and defer_check and not refusals:
+        deferred = True  # the caller counts them as it reads them (check_state)
     elif continued and state_files is not None:
         # Too many for the driver: counted from the state's files themselves where the store can list them.
         files = state_files(ids)
         found_counts = found_sums_of_files(session, files) if files is not None else None
-    problems = sorted(
-        context_problems(versions, context, found=found_counts) if continued else [],
-        key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
-    )
-    by_context: dict[tuple, list[str]] = {}
-    for problem in problems:
-        by_context.setdefault((partition_name(problem), problem["snapshot_id"]), []).append(
-            f"{problem['problem']}: the context says {problem['expected']}, its VERSION rows give {problem['found']}"
-        )
-    for (name, previous), found_problems in by_context.items():
-        refusals.append(
-            f"{name}: the state of snapshot {previous} does not match its commit context "
-            f"({'; '.join(found_problems)}); it was changed outside an audit"
-        )
+    if continued and not deferred:
+        refusals.extend(_check_refusals(versions, context, found_counts))
     if refusals:
-        listed = refusals[:MAX_LISTED]
-        if len(refusals) > MAX_LISTED:
-            listed.append(f"... and {len(refusals) - MAX_LISTED} more")
-        raise StateRefused(
-            f"refusing to audit snapshot {snapshot_id} with carried state:\n  - "
-            + "\n  - ".join(listed)
-            + f"\nNo divergence report of {snapshot_id} was written. Re-materialize (or remove from replica_state) "
-            "the snapshot named, so that the predecessor is unambiguous and its state matches its context; a dump "
-            "whose overlap with its predecessor differs is not of the same log, or one of the two was changed."
-        )
-    # The contexts matched their VERSION rows: their state_rows is what will be carried.
+        _refuse(snapshot_id, refusals)
+    # The contexts matched their VERSION rows (or are checked by check_state): their state_rows is what will be
+    # carried.
     described = []
     for link in continued:
         key = (link["replica"], link["topic"], link["partition"])
@@ -399,7 +388,56 @@ def prior_state(
             "overlap": verified.get(key),
             "absent": bool(link["absent"]),
         })
-    return PriorState(versions=versions, context=context, links=described)
+    return PriorState(versions=versions, context=context, links=described, unchecked=deferred)
+
+
+def check_state(
+    prior: PriorState, snapshot_id: str, found: Mapping[tuple, tuple[int, int]] | None = None,
+    state_files: Callable[[list[str]], dict[str, list[Any]] | None] | None = None,
+) -> None:
+    """The check ``prior_state(defer_check=True)`` left (nothing when it made it): raises ``StateRefused`` when a
+    chosen context does not match its VERSION rows. ``found``: the rows' counts made while reading them (per snapshot
+    and replica partition: rows, checksum); else counted from ``state_files`` (as ``prior_state`` would) or Spark's
+    read of ``prior.versions``."""
+    if not prior.unchecked:
+        return
+    if found is None and state_files is not None:
+        files = state_files(prior.previous_snapshot_ids)
+        found = found_sums_of_files(prior.context.sparkSession, files) if files is not None else None
+    refusals = _check_refusals(prior.versions, prior.context, found)
+    if refusals:
+        _refuse(snapshot_id, refusals)
+
+
+def _check_refusals(versions: DataFrame, context: DataFrame, found: Any) -> list[str]:
+    """A refusal per chosen context that ``context_problems`` finds wrong, naming each problem."""
+    problems = sorted(
+        context_problems(versions, context, found=found),
+        key=lambda p: (p["replica"], p["topic"], p["partition"], p["snapshot_id"], PROBLEMS.index(p["problem"])),
+    )
+    by_context: dict[tuple, list[str]] = {}
+    for problem in problems:
+        by_context.setdefault((partition_name(problem), problem["snapshot_id"]), []).append(
+            f"{problem['problem']}: the context says {problem['expected']}, its VERSION rows give {problem['found']}"
+        )
+    return [
+        f"{name}: the state of snapshot {previous} does not match its commit context "
+        f"({'; '.join(found_problems)}); it was changed outside an audit"
+        for (name, previous), found_problems in by_context.items()
+    ]
+
+
+def _refuse(snapshot_id: str, refusals: list[str]) -> NoReturn:
+    listed = refusals[:MAX_LISTED]
+    if len(refusals) > MAX_LISTED:
+        listed.append(f"... and {len(refusals) - MAX_LISTED} more")
+    raise StateRefused(
+        f"refusing to audit snapshot {snapshot_id} with carried state:\n  - "
+        + "\n  - ".join(listed)
+        + f"\nNo divergence report of {snapshot_id} was written. Re-materialize (or remove from replica_state) "
+        "the snapshot named, so that the predecessor is unambiguous and its state matches its context; a dump "
+        "whose overlap with its predecessor differs is not of the same log, or one of the two was changed."
+    )
 
 
 # ----------------------------------------------------------------- retention

@@ -48,10 +48,11 @@ from pyspark.sql import types as T
 
 from pipelines.arrow_vectors import dense_vectors
 from pipelines.frames import computed_once
-from pipelines.state.arrow_checksum import state_file, state_sums
+from pipelines.state.arrow_checksum import STATE_SUMS, signed, state_file, state_sums
 from pipelines.state.rows import VERSION, VERSION_COLUMNS
 from pipelines.stream_pass import task_number
 from resources.staged_files import ArrowStage
+from schemas.conform import local_frame
 
 
 @dataclass(frozen=True)
@@ -107,15 +108,11 @@ def settled_parts(
     return parts
 
 
-# What ``settle_files`` returns: per settled key a KEY row (topic, partition, key), and per replica partition whose
-# rows it wrote a SUMS row (replica, topic, partition, state_rows, state_checksum: this task's share).
-SETTLED = T.StructType([
-    T.StructField("row_kind", T.StringType()), T.StructField("replica", T.StringType()),
-    T.StructField("topic", T.StringType()), T.StructField("partition", T.IntegerType()),
-    T.StructField("key", T.StringType()), T.StructField("state_rows", T.LongType()),
-    T.StructField("state_checksum", T.LongType()),
-])
-KEY, SUMS = "KEY", "SUMS"
+# What ``settle_files`` returns, in ``replica_state``'s columns: the VERSION rows of the settling topic partitions
+# that are not settled (as read), and per snapshot and replica partition, in ``state_rows`` and ``state_checksum``,
+# this task's share of the settled rows written (SETTLED) and of every other VERSION row read (FOUND): together, the
+# check's counts.
+FOUND, SETTLED = "FOUND", "SETTLED"
 
 
 def settled_in(rows: pa.Table, part: SettledPart, touched: pa.Array | None) -> np.ndarray:
@@ -171,10 +168,12 @@ def settled_in(rows: pa.Table, part: SettledPart, touched: pa.Array | None) -> n
 
 def settle_files(
     ids: Iterator[pa.RecordBatch], files: tuple[tuple[str, object, str], ...], parts: tuple[SettledPart, ...],
-    touched: Mapping[tuple[str, int], pa.Array], read_schema: pa.Schema, stage: ArrowStage, out_schema: pa.Schema,
+    touched: Mapping[tuple[str, int], pa.Array], schema: pa.Schema, stage: ArrowStage,
 ) -> Iterator[pa.RecordBatch]:
-    """Per state file whose number ``ids`` hold: its settled keys' VERSION rows written into S's state (one file per
-    task, ``settled-NNNNN``), and what ``SETTLED`` says of them.
+    """Per state file whose number ``ids`` hold: the settled keys' VERSION rows written into S's state (one file per
+    task, ``settled-NNNNN``; SETTLED counts them), every other VERSION row counted (FOUND), and the other rows of
+    ``parts``' replica partitions returned as they are, for the comparison. In ``schema`` (``replica_state``'s), see
+    FOUND.
 
     ``files``: (snapshot id, pyarrow filesystem, path) of the states continued; ``touched``: per topic partition of
     ``parts``, the keys S writes there.
@@ -184,58 +183,65 @@ def settle_files(
         by_previous.setdefault(part.previous, []).append(part)
     file = stage.files(task_number(), name=f"settled-{task_number():05d}")
     written: list[pa.Table] = []
-    keys: list[pa.Table] = []
     try:
         for batch in ids:
             for number in batch.column(0).to_pylist():
-                snapshot_id = files[number][0]
-                if snapshot_id not in by_previous:
-                    continue
-                rows = state_file(files[number], read_schema, "row_kind", VERSION)
-                for part in by_previous[snapshot_id]:
-                    here = rows.filter(pc.and_(pc.equal(rows["topic"], part.topic),
-                                               pc.equal(rows["partition"], part.partition)))
-                    if not here.num_rows:
+                rows = state_file(files[number], schema, "row_kind", VERSION)
+                # Each row is hashed once: the settled ones below (SETTLED), the others here (FOUND); the check
+                # adds both up.
+                unsettled = np.ones(rows.num_rows, bool)
+                for part in by_previous.get(files[number][0], ()):
+                    where = pc.and_(
+                        pc.and_(pc.equal(rows["topic"], part.topic), pc.equal(rows["partition"], part.partition)),
+                        pc.is_in(rows["replica"], value_set=pa.array(part.replicas, pa.string())))
+                    at = np.flatnonzero(where.to_numpy(zero_copy_only=False))
+                    if not len(at):
                         continue
+                    here = rows.take(at)
                     mask = settled_in(here, part, touched.get((part.topic, part.partition)))
-                    if not mask.any():
-                        continue
-                    chosen = here.filter(pa.array(mask))
-                    for out in chosen.to_batches():
-                        file.write(out)
-                    written.append(chosen)
-                    # A settled key has one row per replica: its first replica's rows name each key once.
-                    keys.append(chosen.filter(pc.equal(chosen["replica"], part.replicas[0])).select(
-                        ["topic", "partition", "key"]))
+                    if mask.any():
+                        chosen = here.filter(pa.array(mask))
+                        for out in chosen.to_batches():
+                            file.write(out)
+                        written.append(chosen)
+                        unsettled[at[mask]] = False
+                    yield from here.filter(pa.array(~mask)).to_batches()
+                yield from _sums(FOUND, rows.filter(pa.array(unsettled)).to_batches(), schema)
         file.close()
     except BaseException:
         file.abort()
         raise
-    for table in keys:
-        count = table.num_rows
-        yield pa.RecordBatch.from_pydict({
-            "row_kind": pa.repeat(pa.scalar(KEY), count), "replica": pa.nulls(count, pa.string()),
-            "topic": table["topic"].combine_chunks(), "partition": table["partition"].combine_chunks(),
-            "key": table["key"].combine_chunks(), "state_rows": pa.nulls(count, pa.int64()),
-            "state_checksum": pa.nulls(count, pa.int64()),
-        }, schema=out_schema)
-    # The rows written and their share of the checksum per replica partition, counted as the check counts a state.
-    for sums in state_sums((b for table in written for b in table.to_batches()), VERSION_COLUMNS):
+    yield from _sums(SETTLED, (b for table in written for b in table.to_batches()), schema)
+
+
+def _sums(kind: str, batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """``state_sums`` of ``batches`` as rows of kind ``kind`` in ``schema``: the count in ``state_rows``, the share of
+    the checksum in ``state_checksum``."""
+    for sums in state_sums(batches, VERSION_COLUMNS):
         count = sums.num_rows
-        yield pa.RecordBatch.from_pydict({
-            "row_kind": pa.repeat(pa.scalar(SUMS), count), "replica": sums.column("replica"),
-            "topic": sums.column("topic"), "partition": sums.column("partition"), "key": pa.nulls(count, pa.string()),
-            "state_rows": sums.column("found_rows"), "state_checksum": sums.column("found_checksum"),
-        }, schema=out_schema)
+        named = {"row_kind": pa.repeat(pa.scalar(kind), count), "state_rows": sums.column("found_rows"),
+                 "state_checksum": sums.column("found_checksum"),
+                 **{name: sums.column(name) for name in STATE_SUMS}}
+        yield pa.RecordBatch.from_arrays(
+            [named[f.name].cast(f.type) if f.name in named else pa.nulls(count, f.type) for f in schema],
+            schema=schema)
 
 
 @dataclass(frozen=True)
 class Settled:
-    """What settling wrote into S's state: the keys (to leave out of the comparison), their count per topic
-    partition (compared and CONSISTENT in every pair), and each task's rows and checksum share per replica partition
-    (``contexts_from_sums`` adds them up)."""
+    """What one read of the continued states gave (``settle``): the carried rows the comparison still needs, the
+    check's counts, and what settling wrote into S's state.
 
-    keys: DataFrame  # topic, partition, key
+    ``versions``: the VERSION rows of ``parts``' replica partitions that were not settled (the rest of the carried
+    versions are read from the state as usual: ``carried``); ``found``: every VERSION row read, per (snapshot,
+    replica, topic, partition): (rows, checksum), what ``check_state`` checks the contexts against; ``counts``: per
+    topic partition, its settled keys (compared and CONSISTENT in every pair); ``sums``: each task's rows and
+    checksum share written, per replica partition (``contexts_from_sums`` adds them up).
+    """
+
+    versions: DataFrame
+    parts: tuple[SettledPart, ...]
+    found: dict[tuple[str, str, str, int], tuple[int, int]]
     counts: dict[tuple[str, int], int]
     sums: list[tuple[str, str, int, int, int]]  # replica, topic, partition, state_rows, state_checksum
 
@@ -243,16 +249,32 @@ class Settled:
     def total(self) -> int:
         return sum(self.counts.values())
 
+    def carried(self, prior_versions: DataFrame, links: Sequence[Mapping[str, Any]]) -> DataFrame:
+        """The carried VERSION rows for ``carry_over``: the ones read here, and ``prior_versions`` (the state as
+        Spark reads it) only for the topic partitions of ``links`` (``PriorState.links``) that settle nothing."""
+        mine = {(p.topic, p.partition) for p in self.parts}
+        others = sorted({(link["topic"], link["partition"]) for link in links} - mine)
+        if not others:
+            return self.versions
+        spark = self.versions.sparkSession
+        rest = local_frame(spark, others, T.StructType([prior_versions.schema["topic"],
+                                                        prior_versions.schema["partition"]]))
+        return self.versions.unionByName(
+            prior_versions.join(F.broadcast(rest), on=["topic", "partition"], how="left_semi"))
+
 
 def settle(
     spark: SparkSession, stage: ArrowStage, files: Mapping[str, list[Any]], parts: Sequence[SettledPart],
     rows: DataFrame,
 ) -> Settled | None:
-    """Settle the carried keys of ``parts`` that S's ``rows`` (its ``reconstructed_watermarks``) do not write: their
-    state rows go into ``stage`` (S's ``replica_state``), and they leave the comparison. None: nothing to settle.
+    """Read the continued states once (``files``: ``DeltaStore.snapshot_files`` of every state continued): count
+    every VERSION row for the check, settle the carried keys of ``parts`` that S's ``rows`` (its
+    ``reconstructed_watermarks``) do not write (their state rows go into ``stage``, S's ``replica_state``, and they
+    leave the comparison), and keep the other rows of ``parts`` for the comparison. None: nothing to settle (no
+    part) or no file listed.
 
-    ``files``: ``DeltaStore.snapshot_files`` of the states continued. One Spark job reads the keys S writes (a small
-    cut's rows), one writes the settled rows (a task per core, each reading its share of the files; computed once).
+    One Spark job reads the keys S writes (a small cut's rows), one (a task per core, each reading its share of the
+    files; computed once) does the rest.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -268,25 +290,34 @@ def settle(
                                       pc.equal(written["partition"], part.partition)))
         touched[(part.topic, part.partition)] = pc.unique(here["key"].combine_chunks())
     listed = tuple((snapshot_id, location.fs, location.path)
-                   for snapshot_id in sorted({p.previous for p in parts}) for location in files.get(snapshot_id, []))
+                   for snapshot_id in sorted(files) for location in files[snapshot_id])
     if not listed:
         return None
-    run = partial(settle_files, files=listed, parts=tuple(parts), touched=touched,
-                  read_schema=to_arrow_schema(ReplicaState.to_structtype()), stage=stage,
-                  out_schema=to_arrow_schema(SETTLED))
+    struct = ReplicaState.to_structtype()
+    run = partial(settle_files, files=listed, parts=tuple(parts), touched=touched, schema=to_arrow_schema(struct),
+                  stage=stage)
     # A task per core, each reading its share of the files (a task costs more than a file's work).
     tasks = max(1, min(len(listed), spark.sparkContext.defaultParallelism))
-    found = computed_once(spark.range(0, len(listed), 1, tasks).mapInArrow(run, SETTLED))
-    keys = found.where(F.col("row_kind") == KEY).select("topic", "partition", "key")
-    sums = [(r["replica"], r["topic"], r["partition"], r["state_rows"], r["state_checksum"])
-            for r in found.where(F.col("row_kind") == SUMS).collect()]
+    read = computed_once(spark.range(0, len(listed), 1, tasks).mapInArrow(run, struct))
+    shares = read.where(F.col("row_kind").isin(FOUND, SETTLED)).select(
+        "row_kind", *STATE_SUMS, "state_rows", "state_checksum").collect()
+    found: dict[tuple[str, str, str, int], list[int]] = {}
+    sums = []
+    for share in shares:
+        total = found.setdefault(tuple(share[k] for k in STATE_SUMS), [0, 0])
+        total[0] += share["state_rows"]
+        total[1] += share["state_checksum"]
+        if share["row_kind"] == SETTLED:
+            sums.append((share["replica"], share["topic"], share["partition"], share["state_rows"],
+                         share["state_checksum"]))
     # Each settled key has one row per replica partition: a topic partition's keys are its first replica's rows.
     first = {(p.replicas[0], p.topic, p.partition) for p in parts}
     counts: dict[tuple[str, int], int] = {}
     for replica, topic, partition, rows_written, _ in sums:
         if (replica, topic, partition) in first:
             counts[(topic, partition)] = counts.get((topic, partition), 0) + rows_written
-    return Settled(keys=keys, counts=counts, sums=sums) if counts else None
+    return Settled(versions=read.where(F.col("row_kind") == VERSION), parts=tuple(parts),
+                   found={k: (n, signed(c)) for k, (n, c) in found.items()}, counts=counts, sums=sums)
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
