@@ -109,3 +109,62 @@ def test_only_a_topic_partition_continuing_one_gapless_state_everywhere_may_sett
     assert settled_parts(PARTITIONS, links, contexts[:2] + [context(C, pre_history={})]) != []  # P known, empty
     assert settled_parts(PARTITIONS, links, contexts[:2] + [{**context(C), "pre_history_bound": None}]) == []
     assert settled_parts(PARTITIONS[:1], links[:1], contexts[:1]) == []  # a lone replica: no pair
+
+
+def test_one_read_of_the_state_counts_every_row_once_copies_the_settled_and_hands_over_the_rest(tmp_path):
+    # settle_files on two state files of p0 (a context, t/0 where keys settle, t/1 where none may), run as one task.
+    # Catches: a row counted twice or not at all for the check (an untouched state refused, a changed one passed),
+    # an unsettled row of t/0 lost from the comparison or a settled one both copied and compared, rows of t/1 (which
+    # the carry reads from the state itself) handed over twice, and CONTEXT rows counted as versions.
+    import pyarrow.compute as pc
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from pipelines.state.arrow_checksum import state_sums
+    from pipelines.state.rows import VERSION_COLUMNS
+    from pipelines.state.settled import FOUND, SETTLED, settle_files
+    from resources.staged_files import ArrowStage
+
+    other = {"topic": "t", "partition": 1}
+    files_rows = [
+        rows(*[version(r, "same") for r in (A, B, C)], version(A, "differs"), version(B, "differs", content="w"),
+             version(C, "differs"), *[version(r, "x", **other) for r in (A, B, C)],
+             {**version(A, None), "row_kind": "CONTEXT", "key": None, "state_rows": 3, "state_checksum": 1}),
+        rows(*[version(r, "again") for r in (A, B, C)], *[version(r, "written") for r in (A, B, C)],
+             version(B, "y", **other)),
+    ]
+    listed = []
+    for number, table in enumerate(files_rows):
+        path = tmp_path / "state" / f"f{number}.parquet"
+        path.parent.mkdir(exist_ok=True)
+        pq.write_table(table.drop_columns(["snapshot_id"]), path)
+        listed.append(("p0", pafs.LocalFileSystem(), str(path)))
+    out_dir = tmp_path / "staged"
+    out_dir.mkdir()
+    stage = ArrowStage(table="replica_state", uri=str(out_dir), relative_dir="w", snapshot_id="s",
+                       schema=pa.schema([f for f in SCHEMA if f.name != "snapshot_id"]), fs=pafs.LocalFileSystem(),
+                       path=str(out_dir), dictionary_columns=())
+    ids = [pa.RecordBatch.from_pydict({"id": pa.array([0, 1], pa.int64())})]
+    got = pa.Table.from_batches(list(settle_files(iter(ids), tuple(listed), (part(),), {("t", 0): pa.array(["written"])},
+                                                  SCHEMA, stage)), schema=SCHEMA)
+
+    def keys(table, kind="VERSION"):
+        chosen = table.filter(pc.equal(table["row_kind"], kind))
+        return sorted(zip(chosen["replica"].to_pylist(), chosen["topic"].to_pylist(),
+                          chosen["partition"].to_pylist(), chosen["key"].to_pylist()))
+
+    assert keys(got) == sorted([(r, "t", 0, k) for r in (A, B, C) for k in ("differs", "written")])
+    copied = pq.read_table(out_dir / "settled-00000.parquet")
+    assert sorted(zip(copied["replica"].to_pylist(), copied["key"].to_pylist())) == sorted(
+        (r, k) for r in (A, B, C) for k in ("same", "again"))
+    # FOUND and SETTLED shares add up to what the check would count over every VERSION row of the two files.
+    counted: dict[tuple, list[int]] = {}
+    for row in got.filter(pc.is_in(got["row_kind"], pa.array([FOUND, SETTLED]))).to_pylist():
+        total = counted.setdefault((row["snapshot_id"], row["replica"], row["topic"], row["partition"]), [0, 0])
+        total[0] += row["state_rows"]
+        total[1] = (total[1] + row["state_checksum"]) % 2**64
+    versions = [t.filter(pc.equal(t["row_kind"], "VERSION")) for t in files_rows]
+    expected = {(r["snapshot_id"], r["replica"], r["topic"], r["partition"]): [r["found_rows"], r["found_checksum"] % 2**64]
+                for batch in state_sums((b for t in versions for b in t.to_batches()), VERSION_COLUMNS)
+                for r in batch.to_pylist()}
+    assert counted == expected and expected[("p0", B, "t", 1)][0] == 2

@@ -6,7 +6,8 @@ and compares: a state changed outside an audit (rows lost, changed or added, a c
 duplicated) is refused. The rows are counted with numpy (``arrow_checksum.py``, bit for bit
 Spark's ``xxhash64``): a few on the driver, more in Spark's Python workers over Spark's read of
 the rows (``found_sums``), or, where the store lists the state's files, one task per file reading
-it with pyarrow (``found_sums_of_files``).
+it with pyarrow (``found_sums_of_files``), or the tasks that settle keys, in the same read
+(``pipelines/state/settled.py``; ``prior.check_state``).
 """
 from __future__ import annotations
 

@@ -30,6 +30,11 @@ the rows a key needs are together. A key whose
 rows a rewrite spread over several files is not settled there, and is compared as before: a missed settlement costs
 time, never a verdict. Only the embedded Delta engine lists a state's files (``DeltaStore.snapshot_files``); with
 delta-spark every carried key is compared.
+
+That read is the carried state's only one where keys settle: it also counts every VERSION row of the states
+continued for the commit-context check (``prior.check_state``, made before anything is committed), and hands the
+settling topic partitions' other rows to ``carry_over`` as they are (``Settled.carried``), so Spark scans the state
+only for topic partitions that settle nothing.
 """
 from __future__ import annotations
 
