@@ -259,7 +259,8 @@ def carry_over(
     )
     touches = carried.select(*rp, "key", F.col("key_touch").alias("prior_touch"))
     if small_cut:  # the carried versions of the keys S writes, found by a scan against S's keys, sent to S's rows
-        written_keys = F.broadcast(continued.select(*rp, "key").distinct())
+        # A key written twice is sent twice: a semi join's build side needs no distinct keys (no shuffle for them).
+        written_keys = F.broadcast(continued.select(*rp, "key"))
         touches = F.broadcast(touches.join(written_keys, on=[*rp, "key"], how="left_semi"))
     else:
         touches = touches.hint("shuffle_merge")
@@ -275,6 +276,8 @@ def carry_over(
             (F.row_number().over(upto) == 1).alias("first_of_key"),
         )
     )
+    if small_cut:  # read twice below (each key's first row, and the rows): a small cut's rows are computed once
+        own = computed_once(own)
     renamed = {"applied_lower_bound": "stream_lower_bound", "touch_bound": "stream_touch", "reach": "stream_reach",
                "missing_before": "stream_missing"}
     row_struct = ReconstructedWatermarks.to_structtype()
