@@ -28,8 +28,8 @@ The Delta log's row counts bound the rows the comparison reads (``comparison_row
 (``resources.tuning.DRIVER_MAX_ROWS``) are compared on the driver, without Python workers.
 """
 
-from functools import reduce
-from typing import Optional
+from functools import partial, reduce
+from typing import Callable, Optional
 
 import dagster as dg
 from pydantic import Field
@@ -91,6 +91,12 @@ def read_states(session: SparkSession, store: DeltaStore, snapshot_ids: list[str
     return reduce(DataFrame.unionByName, [read_stage(session, store, STATE, i) for i in snapshot_ids])
 
 
+def state_file_lists(session: SparkSession, store: DeltaStore) -> Callable[[list[str]], Optional[dict]]:
+    """The live files of given snapshots' ``replica_state`` partitions (``DeltaStore.snapshot_files``), for the
+    check's and the settling read's own readers: None where only Spark may read the table."""
+    return partial(store.snapshot_files, session, STATE)
+
+
 def load_prior_state(
     session: SparkSession, store: DeltaStore, partitions: DataFrame, snapshot_id: str, contexts: DataFrame | None = None,
     absent: DataFrame | None = None, defer_check: bool = False,
@@ -106,7 +112,7 @@ def load_prior_state(
         read_stage(session, store, "raw_topic_snapshots", None),
         read_states=lambda ids: read_states(session, store, ids),
         absent=absent,
-        state_files=lambda ids: store.snapshot_files(session, STATE, ids),
+        state_files=state_file_lists(session, store),
         defer_check=defer_check,
     )
 
@@ -125,7 +131,7 @@ def settle_carried(
     parts = settled_parts(dumps, prior.links, prior.context.collect())
     if not parts:
         return None
-    files = store.snapshot_files(session, STATE, prior.previous_snapshot_ids)
+    files = state_file_lists(session, store)(prior.previous_snapshot_ids)
     return settle(session, stage, files, parts, rows) if files is not None else None
 
 
@@ -142,7 +148,7 @@ def check_carried(
     counted from its files. A refusal discards what the step staged and fails it."""
     try:
         check_state(prior, snapshot_id, found=settled.found if settled else None,
-                    state_files=lambda ids: store.snapshot_files(session, STATE, ids))
+                    state_files=state_file_lists(session, store))
     except StateRefused as refused:
         tables.discard()
         raise dg.Failure(description=str(refused), allow_retries=False) from refused
