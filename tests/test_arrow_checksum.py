@@ -66,6 +66,22 @@ def test_the_arrow_hash_reads_sliced_and_chunked_columns(spark):
     assert row_hashes(table.slice(5, 20), COLUMNS).view(np.int64).tolist() == expected[5:25]
 
 
+def test_digests_of_one_length_broken_by_nulls_and_other_lengths_hash_as_spark_hashes_them(spark):
+    # Catches the copy of one length's strings run by run (a column of digests: value_hash) taking a run from the
+    # wrong place (one byte or one string off, the next run's start), treating strings apart as one run, or a region
+    # name in a vector hashed with another entry's seed. Runs of 64-character digests are broken by nulls and by
+    # shorter strings, in a slice, and twenty scattered lengths leave the same length's rows apart (gathered).
+    digests = [None if i % 11 == 3 else "short-one" if i % 50 == 25 else f"{i:064x}" for i in range(200)]
+    scattered = [f"{i:0{20 + i % 20}d}" for i in range(200)]
+    rows = [(d, i, {"dc-b": i, "dc-a": -i, "dc-c": 2 * i} if i % 4 else {"dc-c": i}, s)
+            for i, (d, s) in enumerate(zip(digests, scattered))]
+    frame = spark.createDataFrame(rows, SCHEMA)
+    expected, _ = spark_hashes(frame)
+    table = frame.toArrow()
+    assert row_hashes(table, COLUMNS).view(np.int64).tolist() == expected
+    assert row_hashes(table.slice(7, 150), COLUMNS).view(np.int64).tolist() == expected[7:157]
+
+
 def test_the_state_files_are_counted_as_sparks_read_of_them_counts_them(spark, tmp_path):
     # Catches the count of a carried state from its files (what an incremental audit checks a large state with)
     # differing from the count over Spark's read of the same files: a CONTEXT row counted, a column the file was

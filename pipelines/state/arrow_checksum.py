@@ -106,9 +106,25 @@ def hash_strings(strings: pa.Array, seeds: np.ndarray) -> np.ndarray:
     # Rows of one length at a time: each a (rows, length) matrix of bytes, hashed together.
     for length in np.unique(lengths):
         rows = np.flatnonzero(lengths == length)
-        matrix = data[starts[rows, None] + np.arange(length)] if length else np.empty((len(rows), 0), np.uint8)
-        out[valid[rows]] = _hash_bytes(matrix, seeds[valid[rows]])
+        out[valid[rows]] = _hash_bytes(_byte_matrix(data, starts[rows], int(length)), seeds[valid[rows]])
     return out
+
+
+def _byte_matrix(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    """The (rows, length) bytes of strings of one length starting at ``starts`` (ascending).
+
+    Strings that lie one after the other (a column of digests of one length, broken by a few nulls or other lengths)
+    are copied run by run from ``data``; strings scattered among others of other lengths are gathered byte by byte.
+    """
+    if not length:
+        return np.empty((len(starts), 0), np.uint8)
+    bounds = np.concatenate(([0], np.flatnonzero(np.diff(starts) != length) + 1, [len(starts)]))
+    if len(bounds) - 1 > max(1, len(starts) // 16):
+        return data[starts[:, None] + np.arange(length)]
+    return np.concatenate([
+        data[int(starts[a]):int(starts[a]) + (b - a) * length].reshape(b - a, length)
+        for a, b in zip(bounds[:-1], bounds[1:])
+    ])
 
 
 def _hash_column(column: pa.Array, seeds: np.ndarray) -> np.ndarray:
@@ -135,17 +151,25 @@ def _hash_vectors(vectors: pa.Array, seeds: np.ndarray) -> np.ndarray:
     if not len(owner):
         return out
     values = values.to_numpy(zero_copy_only=False)
-    # Each row's entries sorted by key, as array_sort orders strings (by their UTF-8 bytes: code points).
+    # Each row's entries sorted by key, as array_sort orders strings (by their UTF-8 bytes: code points). The keys
+    # are a few region names: each name's bytes are hashed with the seeds of the entries that hold it.
     names = pc.dictionary_encode(keys)
-    rank_of = np.argsort(np.argsort(np.array([s.encode() for s in names.dictionary.to_pylist()], dtype=object)))
-    order = np.lexsort((rank_of[names.indices.to_numpy()], owner))
-    owner, keys, values = owner[order], keys.take(pa.array(order)), values[order]
+    encoded = [s.encode() for s in names.dictionary.to_pylist()]
+    rank_of = np.argsort(np.argsort(np.array(encoded, dtype=object)))
+    codes = names.indices.to_numpy(zero_copy_only=False)
+    order = np.lexsort((rank_of[codes], owner))
+    owner, codes, values = owner[order], codes[order], values[order]
     position = np.arange(len(owner)) - np.searchsorted(owner, owner, side="left")
+    name_bytes = [np.frombuffer(b, np.uint8)[None, :] for b in encoded]  # one row, broadcast over the seeds
     # The k-th entries of every row at once: a row's hash so far is the seed of its next entry.
     for k in range(int(position.max()) + 1):
         at = np.flatnonzero(position == k)
-        rows = owner[at]
-        out[rows] = hash_longs(values[at], hash_strings(keys.take(pa.array(at)), out[rows]))
+        rows, held = owner[at], codes[at]
+        seeds = out[rows]
+        for code in np.unique(held):
+            same = held == code
+            seeds[same] = _hash_bytes(name_bytes[code], seeds[same])
+        out[rows] = hash_longs(values[at], seeds)
     return out
 
 
