@@ -35,7 +35,10 @@ first 50% then the 1% after it (``incremental_50_s``), and the last 1% alone in 
 the fixed cost of an audit, no carried state), then the whole history once more (``full_again_s``: the machine's
 load moves within a run).
 Ratios ``incremental / full`` (the mean of the two full audits) and ``incremental_99_to_first99`` (against the audit
-of the first 99%, run just before it); goal: well under a third.
+of the first 99%, run just before it); goal: well under a third. Then (``--ticks N``, 5 by default) the last 1%
+``N`` times more as a watch's ticks audit cuts: each under a new snapshot id, on the first 99%'s state
+(``ticks_s``), and the median of the last three against the full audit (``tick_steady_s``,
+``tick_steady_to_full``): the incremental cost from several audits instead of one.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/benchmark-watch.py --json bench-results/watch.json
     # quick: a small history for B, a short production for A
@@ -393,12 +396,42 @@ def incremental_cost(args, spark, settings: dict, work: Path) -> dict:
         timed("lone_1pct", "last1", "w-lone")
         # The machine's load moves within a run: the full audit once more, last; the ratios take the mean of both.
         full = (full + timed("full_again", "full", "w-full-again")) / 2
+        if args.ticks:
+            figures["ticks_s"] = watch_ticks(args.ticks, spark, landing, work / "w-99", timed)
     figures["full_mean_s"] = round(full, 2)
+    if args.ticks:
+        steady = statistics.median(figures["ticks_s"][-TICKS_STEADY:])
+        figures["tick_steady_s"] = round(steady, 2)
+        figures["tick_steady_to_full"] = round(steady / full, 3)
     figures["incremental_99_to_full"] = round(inc99 / full, 3)
     figures["incremental_50_to_full"] = round(inc50 / full, 3)
     figures["incremental_99_to_first99"] = round(inc99 / figures["first99_s"], 3)
     figures["goal"] = "incremental_99_to_full well under 1/3"
     return figures
+
+
+# The steady state of a watch's ticks: the median of the last ticks measured.
+TICKS_STEADY = 3
+
+
+def watch_ticks(count: int, spark, landing: Path, warehouse: Path, timed) -> list[float]:
+    """The last 1% audited as a watch's ticks would audit it: ``count`` times, each under a new snapshot id (a
+    folder holding links to ``last1``'s files) on the first 99%'s state in ``warehouse``, one JVM throughout, as a
+    watch audits a cut every interval. Each tick's own state is dropped after it (untimed), and ``last1``'s before
+    the first, so every tick continues the first 99%'s state, as ``incremental_99`` did. The seconds of each tick,
+    in order.
+    """
+    from resources.delta_store import DeltaStore
+
+    store = DeltaStore(warehouse_root=str(warehouse))
+    store.delete_snapshots(spark, "replica_state", ["last1"])
+    seconds = []
+    for number in range(count):
+        snapshot_id = f"tick{number:03d}"
+        shutil.copytree(landing / "last1", landing / snapshot_id, copy_function=os.link)
+        seconds.append(timed(snapshot_id, snapshot_id, warehouse.name))
+        store.delete_snapshots(spark, "replica_state", [snapshot_id])
+    return seconds
 
 
 def main(argv=None) -> int:
@@ -416,6 +449,8 @@ def main(argv=None) -> int:
                         help="A: no warm-up dump and audit of a small store before the watch starts")
     parser.add_argument("--max-minutes", type=float, default=40, help="A: stop ticking after this long")
     parser.add_argument("--rows", type=int, default=2_000_000, help="B: rows of the uniform history")
+    parser.add_argument("--ticks", type=int, default=5, help="B: the last 1%% audited this many times more, as a "
+                        "watch's ticks (new snapshot ids on the first 99%%'s state); 0: none")
     parser.add_argument("--shuffle-partitions", type=int, default=None)
     parser.add_argument("--workdir", default=None, help="default: a temporary folder, removed at the end")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
