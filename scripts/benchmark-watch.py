@@ -397,7 +397,7 @@ def incremental_cost(args, spark, settings: dict, work: Path) -> dict:
         # The machine's load moves within a run: the full audit once more, last; the ratios take the mean of both.
         full = (full + timed("full_again", "full", "w-full-again")) / 2
         if args.ticks:
-            figures["ticks_s"] = watch_ticks(args.ticks, spark, landing, work / "w-99", timed)
+            figures["ticks_s"] = watch_ticks(args.ticks, spark, landing, work, "w-99", timed)
     figures["full_mean_s"] = round(full, 2)
     if args.ticks:
         steady = statistics.median(figures["ticks_s"][-TICKS_STEADY:])
@@ -414,22 +414,22 @@ def incremental_cost(args, spark, settings: dict, work: Path) -> dict:
 TICKS_STEADY = 3
 
 
-def watch_ticks(count: int, spark, landing: Path, warehouse: Path, timed) -> list[float]:
+def watch_ticks(count: int, spark, landing: Path, work: Path, warehouse: str, timed) -> list[float]:
     """The last 1% audited as a watch's ticks would audit it: ``count`` times, each under a new snapshot id (a
-    folder holding links to ``last1``'s files) on the first 99%'s state in ``warehouse``, one JVM throughout, as a
-    watch audits a cut every interval. Each tick's own state is dropped after it (untimed), and ``last1``'s before
+    folder holding links to ``last1``'s files) on the first 99%'s state in ``work / warehouse``, one JVM
+    throughout, as a watch audits a cut every interval. Each tick's own state is dropped after it (untimed), and ``last1``'s before
     the first, so every tick continues the first 99%'s state, as ``incremental_99`` did. The seconds of each tick,
     in order.
     """
     from resources.delta_store import DeltaStore
 
-    store = DeltaStore(warehouse_root=str(warehouse))
+    store = DeltaStore(warehouse_root=str(work / warehouse))
     store.delete_snapshots(spark, "replica_state", ["last1"])
     seconds = []
     for number in range(count):
         snapshot_id = f"tick{number:03d}"
         shutil.copytree(landing / "last1", landing / snapshot_id, copy_function=os.link)
-        seconds.append(timed(snapshot_id, snapshot_id, warehouse.name))
+        seconds.append(timed(snapshot_id, snapshot_id, warehouse))
         store.delete_snapshots(spark, "replica_state", [snapshot_id])
     return seconds
 
