@@ -417,9 +417,9 @@ TICKS_STEADY = 3
 def watch_ticks(count: int, spark, landing: Path, work: Path, warehouse: str, timed) -> list[float]:
     """The last 1% audited as a watch's ticks would audit it: ``count`` times, each under a new snapshot id (a
     folder holding links to ``last1``'s files) on the first 99%'s state in ``work / warehouse``, one JVM
-    throughout, as a watch audits a cut every interval. Each tick's own state is dropped after it (untimed), and ``last1``'s before
-    the first, so every tick continues the first 99%'s state, as ``incremental_99`` did. The seconds of each tick,
-    in order.
+    throughout, as a watch audits a cut every interval. Each tick's own state is dropped after it (untimed), and
+    ``last1``'s before the first, so every tick continues the first 99%'s state, as ``incremental_99`` did. The
+    seconds of each tick, in order.
     """
     from resources.delta_store import DeltaStore
 
