@@ -16,6 +16,7 @@ from assets.partitions import SNAPSHOTS
 from pipelines.venice.push_settings import parse_push_settings
 from replica_lens.executor import execute_here
 from replica_lens.jobs import AUDIT_JOB
+from replica_lens.scopes import audit_selection
 from replica_lens.steps import STEP_INPUTS
 from resources.landing import LandingZone
 from resources.tuning import DEFAULT_SHUFFLE_PARTITIONS
@@ -33,6 +34,7 @@ class SnapshotAudit:
     # asset:check -> the description of a check that did not pass (what the UI shows beside it)
     check_descriptions: dict[str, str] = field(default_factory=dict)
     error: Optional[str] = None
+    scope: str = "all"  # which assets the run materialized (replica_lens/scopes.py)
 
     def value(self, asset: str, key: str, default: Any = None) -> Any:
         return self.metadata.get(asset, {}).get(key, default)
@@ -88,6 +90,7 @@ def run_audit(
     watcher: Optional["StepPrinter"] = None,
     state_retention: Optional[int] = None,
     concurrent_steps: Optional[int] = None,
+    scope: str = "all",
     **settings: Any,
 ) -> SnapshotAudit:
     """Materialize every per-snapshot asset of ``snapshot_id`` in this process; never raises on run failure.
@@ -97,11 +100,14 @@ def run_audit(
     ``state_retention`` is the divergence step's run config (None: keep every state).
     ``concurrent_steps`` is the executor's ``max_concurrent`` (None: its default,
     ``replica_lens/executor.py``); the steps run in this process either way.
+    ``scope``: which assets (``replica_lens/scopes.py``): ``all``, or ``divergence`` (no lag or
+    exporter tables).
     """
     from replica_lens.definitions import build_definitions
 
     defs = build_definitions(landing_root=landing, warehouse_root=warehouse, **settings)
     job = defs.resolve_job_def(AUDIT_JOB)
+    selection = audit_selection(job, scope)
     with audit_instance(instance) as instance:
         if not instance.has_dynamic_partition(SNAPSHOTS, snapshot_id):
             instance.add_dynamic_partitions(SNAPSHOTS, [snapshot_id])
@@ -120,13 +126,14 @@ def run_audit(
                     **({"execution": {"config": {"max_concurrent": concurrent_steps}}} if concurrent_steps else {}),
                 },
                 run_id=run_id,
+                asset_selection=selection,
             )
         finally:
             if watcher is not None:
                 instance.end_watch_event_logs(run_id, watcher)
                 watcher.finish(instance, run_id)
     # The result holds the run's events in memory: reading them needs no instance.
-    audit = SnapshotAudit(snapshot_id=snapshot_id, success=result.success, run_id=result.run_id)
+    audit = SnapshotAudit(snapshot_id=snapshot_id, success=result.success, run_id=result.run_id, scope=scope)
     for event in result.get_asset_materialization_events():
         materialization = event.event_specific_data.materialization
         audit.metadata[materialization.asset_key.to_user_string()] = {
@@ -449,6 +456,7 @@ def audit_document(audit: SnapshotAudit) -> dict[str, Any]:
         "run_id": audit.run_id,
         "success": audit.success,
         "error": audit.error,
+        "scope": audit.scope,
         "rows": {
             name: raw.get(f"rows_{name}") for name in ("read", "accepted", "quarantined", "skipped")
         } | {"duplicates_collapsed": raw.get("rows_duplicates_collapsed")},
@@ -504,6 +512,7 @@ def audit_snapshots(
     json_path: Optional[str] = None,
     state_retention: Optional[int] = None,
     concurrent_steps: Optional[int] = None,
+    scope: str = "all",
 ) -> int:
     """Audit the named snapshot, or every complete one; print a summary; return the exit code.
 
@@ -512,7 +521,8 @@ def audit_snapshots(
     (``-`` for stdout, the human output then goes to stderr) receives one JSON document for
     the whole command (``audit_document`` per snapshot). ``state_retention``: see
     ``assets.divergence.DivergenceConfig`` (None: keep every state). ``concurrent_steps``:
-    steps run at once (None: the executor's default, ``replica_lens/executor.py``).
+    steps run at once (None: the executor's default, ``replica_lens/executor.py``). ``scope``:
+    which assets each audit materializes (``run_audit``).
     """
     out: TextIO = sys.stderr if json_path == "-" else sys.stdout
     zone = LandingZone(
@@ -560,6 +570,7 @@ def audit_snapshots(
                     spark_log_level=SPARK_LOG_LEVELS[verbosity],
                     state_retention=state_retention,
                     concurrent_steps=concurrent_steps,
+                    scope=scope,
                     cluster_regions=cluster_regions,
                     venice_clock_uncertainty_ms=venice_clock_uncertainty_ms,
                     venice_push_settings=venice_push_settings,

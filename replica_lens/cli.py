@@ -14,6 +14,7 @@ from replica_lens.cli_args import (
     EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_RUN_FAILED, EXIT_USAGE, add_audit_settings, at_least_one, state_retention,
 )
 from replica_lens.cli_brokers import add_broker_commands
+from replica_lens.scopes import AUDIT_SCOPES
 from resources.tuning import DEFAULT_CONCURRENT_STEPS, DEFAULT_RETENTION_HOURS, DEFAULT_SHUFFLE_PARTITIONS
 
 
@@ -86,6 +87,7 @@ def _audit(args: argparse.Namespace) -> int:
         json_path=args.json,
         state_retention=args.state_retention,
         concurrent_steps=args.concurrent_steps,
+        scope=args.scope,
         cluster_regions=args.cluster_regions,
         venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,
         venice_push_settings=args.venice_push_settings,
@@ -220,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="keep the states (replica_state) of the N snapshots ending furthest along each replica partition's log "
         "and drop the older ones after each audit (at least 2; default: keep every state)",
+    )
+    audit.add_argument(
+        "--scope",
+        choices=AUDIT_SCOPES,
+        default="all",
+        help="which tables to compute: all (default), or divergence (the ingest, the stream pass and the divergence "
+        "step; no replication lag or exporter tables for the snapshot)",
     )
     audit.add_argument(
         "--concurrent-steps",

@@ -66,9 +66,9 @@ def watch_command(args: argparse.Namespace) -> int:
             failed.append(result.store)
 
     with audit_instance(from_dagster_home=True) as instance:
-        def audit(snapshot_id: str):
+        def audit(snapshot_id: str, scope: str):
             return run_audit(
-                snapshot_id, args.landing, args.warehouse, instance=instance, log_level="ERROR",
+                snapshot_id, args.landing, args.warehouse, instance=instance, log_level="ERROR", scope=scope,
                 spark_master=args.spark_master, delta_jars_dir=delta.jars_dir, delta_engine=delta.engine,
                 shuffle_partitions=args.shuffle_partitions, cluster_regions=args.cluster_regions,
                 venice_clock_uncertainty_ms=args.venice_clock_uncertainty_ms,

@@ -232,22 +232,27 @@ def execute_here(
     instance: dg.DagsterInstance,
     run_config: dict,
     run_id: str,
+    asset_selection: Optional[frozenset[dg.AssetKey]] = None,
 ) -> dg.ExecuteInProcessResult:
     """``job.execute_in_process`` (never raising on a failed run) that keeps the job's own executor.
 
     ``JobDefinition.execute_in_process`` swaps the job's executor for Dagster's serial
     in-process one; this runs the same in-process execution with the job's executor, so
     ``replica-lens audit`` runs the steps the way a run launched from the UI does.
+    ``asset_selection``: the assets to materialize (None: every asset of the job), as a run
+    of a selection started from the UI records it.
     """
     tags = merge_run_tags(
-        job_def=job, partition_key=partition_key, tags=None, asset_selection=None, instance=instance, run_config=run_config
+        job_def=job, partition_key=partition_key, tags=None, asset_selection=asset_selection, instance=instance,
+        run_config=run_config,
     )
     return core_execute_in_process(
         run_config=run_config,
-        job=InMemoryJob(job),
+        job=InMemoryJob(job.get_subset(asset_selection=asset_selection) if asset_selection else job),
         instance=instance,
         output_capturing_enabled=True,
         raise_on_error=False,
         run_tags=tags,
         run_id=run_id,
+        asset_selection=asset_selection,
     )

@@ -379,9 +379,9 @@ def watch_tick(context: dg.OpExecutionContext, spark: SparkResource, store: Delt
         raise dg.Failure(f"no store file: set {STORES_ENV} to the TOML file of the stores to watch (docs/operations.md)")
     config = load_stores(path)
 
-    def audit(snapshot_id: str):
+    def audit(snapshot_id: str, scope: str):
         return run_audit(
-            snapshot_id, landing.root, store.warehouse_root, instance=context.instance, log_level="ERROR",
+            snapshot_id, landing.root, store.warehouse_root, instance=context.instance, log_level="ERROR", scope=scope,
             spark_master=spark.master, delta_jars_dir=spark.delta_jars_dir, delta_engine=store.engine,
             shuffle_partitions=spark.shuffle_partitions, cluster_regions=landing.cluster_regions,
             venice_clock_uncertainty_ms=landing.venice_clock_uncertainty_ms,

@@ -19,9 +19,9 @@ region, lands the new offsets as one broker snapshot and audits it incrementally
 3. **Land.** When any partition moved (or a topic appeared), the cursor first records the snapshot as pending
    (``<store>-<sequence>``, written atomically), then ``kafka_dump.land_cut`` reads exactly the cut and writes
    the folder, ``_cut.json`` and last ``_SUCCESS``.
-4. **Audit.** ``audit(snapshot_id)`` (``run_audit`` on the same Dagster instance and Spark session): the
-   partition's incremental audit continues the carried state of the previous snapshot of each replica
-   partition (docs/incremental.md). Only when it succeeds does the cursor advance: the published ends become the
+4. **Audit.** ``audit(snapshot_id, scope)`` (``run_audit`` on the same Dagster instance and Spark session, with the
+   store's ``audit_scope``): the partition's incremental audit continues the carried state of the previous
+   snapshot of each replica partition (docs/incremental.md). Only when it succeeds does the cursor advance: the published ends become the
    cut's ``e`` (a skipped region keeps its own), the pending mark goes.
 
 The cursor (``<landing>/_watch/<store>.json``) lives beside the snapshots it describes, so the shell and the
@@ -48,6 +48,7 @@ from pipelines.venice.kafka_dump import land_cut
 from resources.errors import InvalidSetting, UsageError
 from resources.filesystem import Location
 from resources.snapshots import SUCCESS_MARKER
+from replica_lens.scopes import ALL, AUDIT_SCOPES
 
 WATCH_FOLDER = "_watch"  # under the landing root; the landing scan skips folders starting with "_"
 STORES_ENV = "REPLICA_LENS_STORES"
@@ -94,6 +95,7 @@ class StoreConfig:
     warn_after_skipped_cuts: int = DEFAULT_WARN_AFTER_SKIPPED_CUTS
     broker_timeout_s: float = 30.0
     options: dict[str, str] = field(default_factory=dict)  # for every region
+    audit_scope: str = ALL  # what each cut's audit materializes (replica_lens/scopes.py)
 
     def request(self) -> DumpRequest:
         """The dump request of one cut (secrets resolved from their files and variables at this moment)."""
@@ -158,7 +160,7 @@ def parse_stores(text: str, source: str = "the store file") -> WatchConfig:
         if not STORE_NAME.fullmatch(name):
             raise InvalidSetting(f"{where}: a store's name is letters, digits, '_' and '-'")
         known = {"topic_pattern", "isolation_level", "max_offsets_per_partition", "warn_after_skipped_cuts",
-                 "broker_timeout_seconds", "options", "regions"}
+                 "broker_timeout_seconds", "options", "regions", "audit_scope"}
         if set(body) - known:
             raise InvalidSetting(f"{where}: unknown setting(s) {sorted(set(body) - known)}")
         pattern = body.get("topic_pattern", re.escape(name) + r"_v[0-9]+")
@@ -176,6 +178,9 @@ def parse_stores(text: str, source: str = "the store file") -> WatchConfig:
         if not isinstance(warn, int) or warn < 1:
             raise InvalidSetting(f"{where}.warn_after_skipped_cuts: a whole number of at least 1")
         timeout = _seconds(body.get("broker_timeout_seconds", 30), f"{where}.broker_timeout_seconds")
+        scope = body.get("audit_scope", ALL)
+        if scope not in AUDIT_SCOPES:
+            raise InvalidSetting(f"{where}.audit_scope: one of {', '.join(AUDIT_SCOPES)}")
         regions = []
         for region, settings in (body.get("regions") or {}).items():
             rwhere = f"{where}.regions.{region}"
@@ -197,7 +202,7 @@ def parse_stores(text: str, source: str = "the store file") -> WatchConfig:
         if not regions:
             raise InvalidSetting(f"{where}: name at least one region ([stores.{name}.regions.REGION])")
         stores.append(StoreConfig(name, tuple(regions), pattern, isolation, bound, warn, float(timeout),
-                                  _plain_options(body.get("options", {}), f"{where}.options")))
+                                  _plain_options(body.get("options", {}), f"{where}.options"), scope))
     if not stores:
         raise InvalidSetting(f"{source}: no store to watch ([stores.NAME])")
     return WatchConfig(tuple(stores), interval)
@@ -291,7 +296,7 @@ class TickResult:
         return self.action in ("audit_failed", "error")
 
 
-AuditFn = Callable[[str], "object"]  # snapshot id -> an object with .success, .error, .proven_divergent
+AuditFn = Callable[[str, str], "object"]  # (snapshot id, scope) -> an object with .success, .error, .proven_divergent
 
 
 def _skip_rows(cursor: Cursor, region: str, reason: str) -> list[PartitionCut]:
@@ -359,14 +364,14 @@ def _region_lines(document: dict) -> dict[str, dict]:
     return regions
 
 
-def _audit_pending(landing: str, cursor: Cursor, audit: AuditFn, result: TickResult) -> bool:
+def _audit_pending(landing: str, cursor: Cursor, audit: AuditFn, result: TickResult, scope: str) -> bool:
     """Audit the cursor's pending snapshot; publish it when the audit succeeds. True when published."""
     folder = Location.of(landing).child(cursor.pending)
     document = json.loads(folder.child(CUT_FILE).read_text())
     result.snapshot_id = cursor.pending
     result.cut_at = document["cut_at"]
     result.regions = _region_lines(document)
-    outcome = audit(cursor.pending)
+    outcome = audit(cursor.pending, scope)
     result.failed_checks = list(outcome.failed_checks)
     if not outcome.success:
         result.action = "audit_failed"
@@ -391,7 +396,7 @@ def watch_store(spark, store: StoreConfig, landing: str, audit: AuditFn, *,
     if cursor.pending is not None:
         folder = Location.of(landing).child(cursor.pending)
         if folder.child(SUCCESS_MARKER).is_file():
-            published = _audit_pending(landing, cursor, audit, result)
+            published = _audit_pending(landing, cursor, audit, result, store.audit_scope)
             if published:
                 result.action = "resumed"
             return result
@@ -440,7 +445,7 @@ def watch_store(spark, store: StoreConfig, landing: str, audit: AuditFn, *,
         result.action = "error"
         result.error = request.redact(f"landing {snapshot_id} failed: {type(exc).__name__}: {exc}")
         return result
-    if _audit_pending(landing, cursor, audit, result):
+    if _audit_pending(landing, cursor, audit, result, store.audit_scope):
         result.action = "audited"
     return result
 

@@ -218,9 +218,10 @@ def time_to_proof(args, spark, settings: dict, work: Path) -> dict:
                                    venice_clock_uncertainty_ms=venice["clock_uncertainty_ms"], **settings)
                 print(f"  warm-up: a {warm.writes}-write store dumped and audited in "
                       f"{time.monotonic() - started:.1f} s ({'ok' if warmed.success else warmed.error})", flush=True)
-            def audit(snapshot_id: str):
+            def audit(snapshot_id: str, scope: str):
                 started = time.time()
                 outcome = run_audit(snapshot_id, str(landing), str(warehouse), instance=instance, log_level="ERROR",
+                                    scope=scope,
                                     cluster_regions=venice["cluster_regions"],
                                     venice_clock_uncertainty_ms=venice["clock_uncertainty_ms"], **settings)
                 ended = time.time()

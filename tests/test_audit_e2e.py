@@ -182,6 +182,50 @@ def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_au
     assert set(PER_SNAPSHOT_TABLES) <= set(audit.metadata)
 
 
+OPERATIONS_TABLES = {"heartbeat_lag", "replication_lag", "exporter_positions", "exporter_regressions", "compaction_bounds"}
+
+
+def test_a_divergence_scope_audit_writes_the_tables_of_a_whole_one_except_lag_and_exporters(
+    example_audit, tmp_path, capsys
+):
+    """``scope="divergence"`` (``replica-lens audit --scope divergence``, a watched store's ``audit_scope``) against
+    the shared example's whole audit. Catches a scope that drops a table the divergence step reads or writes (a
+    multi-asset step cut in two: the stream pass or the ingest without some of its tables), rows that differ from
+    the whole audit's, lag or exporter tables still computed, a run that does not record its selection (the UI would
+    show the unselected assets as planned and never materialized), and an unknown scope accepted."""
+    from deltalake import DeltaTable
+
+    from replica_lens.cli import build_parser
+    from resources.errors import UsageError
+
+    warehouse = tmp_path / "warehouse"
+    with dg.DagsterInstance.ephemeral() as instance:
+        audit = run_audit("two-regions", str(example_audit.landing), str(warehouse), instance=instance,
+                          scope="divergence", **SETTINGS)
+        run = instance.get_run_by_id(audit.run_id)
+    assert audit.success, audit.error
+    whole = example_audit.audit
+    assert set(whole.metadata) - set(audit.metadata) == OPERATIONS_TABLES
+    assert {k.to_user_string() for k in run.asset_selection} == set(audit.metadata)
+    assert audit_document(audit)["scope"] == "divergence" and audit_document(whole)["scope"] == "all"
+    assert audit.failed_checks == whole.failed_checks  # the same checks fail: none of lag or exporters ran
+    for table in set(audit.metadata):
+        def rows(root: Path) -> list[str]:
+            return sorted(json.dumps(r, sort_keys=True, default=str)
+                          for r in DeltaTable(str(root / table)).to_pyarrow_table().to_pylist())
+
+        assert rows(warehouse) == rows(example_audit.warehouse), table
+    assert not any((warehouse / table).exists() for table in OPERATIONS_TABLES)
+    with pytest.raises(UsageError, match="unknown audit scope 'lag'"):
+        run_audit("two-regions", str(example_audit.landing), str(warehouse), scope="lag", **SETTINGS)
+    args = ["audit", "--landing", "l", "--warehouse", "w"]
+    assert build_parser().parse_args(args + ["--scope", "divergence"]).scope == "divergence"
+    assert build_parser().parse_args(args).scope == "all"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(args + ["--scope", "lag"])
+    assert "invalid choice: 'lag'" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_complete_snapshot_without_data_files_is_audited_with_no_rows(spark, tmp_path):
     """A snapshot folder holding only ``_SUCCESS`` (a replica that had nothing to dump) is audited, not failed.

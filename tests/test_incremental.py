@@ -69,6 +69,9 @@ A, B = "dc-a", "dc-b"
 TOPIC = "orders"
 PROVEN = ("DIVERGENT", "MISSING")
 SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
+# The audits of this file look at the divergence step and its state only: no lag or exporter tables (scope
+# "divergence", replica_lens/scopes.py; those tables carry nothing between snapshots).
+AUDIT = {**SETTINGS, "scope": "divergence"}
 DIVERGENCE_STAGE = ("divergence_reports", "divergence_summary", "replica_state")
 
 
@@ -803,7 +806,7 @@ def audited_s2(seeded, tmp_path_factory):
     landing, seeded_warehouse = seeded
     warehouse = tmp_path_factory.mktemp("audited") / "warehouse"
     shutil.copytree(seeded_warehouse, warehouse)
-    return landing, warehouse, run_audit("s2", str(landing), str(warehouse), **SETTINGS)
+    return landing, warehouse, run_audit("s2", str(landing), str(warehouse), **AUDIT)
 
 
 @pytest.mark.slow
@@ -897,7 +900,7 @@ def test_an_audit_of_s2_re_reading_s1s_last_offsets_through_dagster_verifies_the
     store.write_snapshot(spark, orders_state, "replica_state", "s1", struct_for("replica_state"))
     s1_raw = raw_frame(spark, ORDERS_S1, "s1")
     store.write_snapshot(spark, s1_raw, "raw_topic_snapshots", "s1", struct_for("raw_topic_snapshots"))
-    result = run_audit("s2", str(landing), str(warehouse), **SETTINGS)
+    result = run_audit("s2", str(landing), str(warehouse), **AUDIT)
     assert result.success, result.error
     reports = table(spark, warehouse, "divergence_reports", "s2").collect()
     found = {(r["key"], r["verdict"], r["missing_in"]) for r in reports}
@@ -923,7 +926,7 @@ def test_reports_of_only_in_flight_keys_are_written_and_a_healthy_re_audit_empti
     # snapshot leaving the earlier report rows in place.
     landing, warehouse = tmp_path / "landing", tmp_path / "warehouse"
     write_landing(landing, "s", LAGGING)
-    first = run_audit("s", str(landing), str(warehouse), **SETTINGS)
+    first = run_audit("s", str(landing), str(warehouse), **AUDIT)
     assert first.success, first.error
     reports = table(spark, warehouse, "divergence_reports", "s").collect()
     assert [(r["key"], r["verdict"]) for r in reports] == [("k3", "IN_FLIGHT")]
@@ -931,7 +934,7 @@ def test_reports_of_only_in_flight_keys_are_written_and_a_healthy_re_audit_empti
 
     shutil.rmtree(landing / "s")
     write_landing(landing, "s", CAUGHT_UP)
-    again = run_audit("s", str(landing), str(warehouse), **SETTINGS)
+    again = run_audit("s", str(landing), str(warehouse), **AUDIT)
     assert again.success, again.error
     assert table(spark, warehouse, "divergence_reports", "s").count() == 0
     assert again.metadata["divergence_reports"]["dagster/row_count"] == 0
@@ -1045,7 +1048,7 @@ def absent_chain(spark, tmp_path_factory) -> Chain:
         (landing / snapshot_id / "_cut.json").write_text(cut_file(snapshot_id, previous, ABSENT_CUTS[snapshot_id]))
     results, tables = {}, {}
     for snapshot_id in ("c1", "c2", "c3"):
-        results[snapshot_id] = run_audit(snapshot_id, str(landing), str(warehouse), **SETTINGS)
+        results[snapshot_id] = run_audit(snapshot_id, str(landing), str(warehouse), **AUDIT)
         assert results[snapshot_id].success, (snapshot_id, results[snapshot_id].error)
         tables[snapshot_id] = {t: canonical(table(spark, warehouse, t, snapshot_id)) for t in DIVERGENCE_STAGE}
     assert run_divergence(landing, warehouse, "c2").success
@@ -1181,14 +1184,14 @@ def test_settled_keys_leave_the_comparison_and_the_tables_are_those_of_comparing
     landing = tmp_path / "landing"
     write_landing(landing, "s1", s1_rows)
     write_landing(landing, "s2", s2_rows)
-    first = run_audit("s1", str(landing), str(tmp_path / "settling"), **SETTINGS)
+    first = run_audit("s1", str(landing), str(tmp_path / "settling"), **AUDIT)
     assert first.success, first.error
     shutil.copytree(tmp_path / "settling", tmp_path / "comparing")
     results, tables = {}, {}
     for mode in ("settling", "comparing"):
         if mode == "comparing":
             monkeypatch.setattr(divergence, "settle_carried", lambda *args, **kwargs: None)
-        results[mode] = run_audit("s2", str(landing), str(tmp_path / mode), **SETTINGS)
+        results[mode] = run_audit("s2", str(landing), str(tmp_path / mode), **AUDIT)
         assert results[mode].success, results[mode].error
         tables[mode] = {name: canonical(table(spark, tmp_path / mode, name, "s2")) for name in DIVERGENCE_STAGE}
     settled = results["settling"].metadata["divergence_reports"]["settled_keys"]

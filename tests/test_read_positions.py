@@ -76,7 +76,7 @@ def audited(tmp_path_factory):
         # The line limit as an operator sets it (the audit's landing resource reads it from the environment).
         patch.setenv(MAX_LINE_BYTES_ENV, str(LINE_LIMIT))
         audit = run_audit("mixed", str(landing), str(warehouse), cluster_regions="0=dc-a,1=dc-b",
-                          venice_clock_uncertainty_ms=U, **SETTINGS)
+                          venice_clock_uncertainty_ms=U, scope="divergence", **SETTINGS)  # no lag or exporters
     assert audit.success, audit.error
     return audit, DeltaStore(warehouse_root=str(warehouse))
 

@@ -415,7 +415,7 @@ def test_a_topic_without_push_settings_is_kept_and_named_and_the_others_are_audi
     settings_file.write_text(json.dumps({audited_topic: named[audited_topic]}))
     settings = dict(spark_master="local[2]", delta_jars_dir=None, shuffle_partitions=4,
                     cluster_regions=truth["cluster_regions"], venice_clock_uncertainty_ms=truth["clock_uncertainty_ms"],
-                    venice_push_settings=str(settings_file))
+                    venice_push_settings=str(settings_file), scope="divergence")  # the ingest's outcome only
     assert run_audit("one", str(tmp_path / "landing"), str(tmp_path / "warehouse"), **settings).success
     audit = run_audit("two", str(tmp_path / "landing"), str(tmp_path / "warehouse"), **settings)
     assert audit.success, audit.error

@@ -54,6 +54,7 @@ SECRET = "w4tch-s3cr3t-Never-Logged-1729"
 SECRET_ENV = "REPLICA_LENS_TEST_JAAS"
 BOUND = 240  # offsets per partition and cut: the rest of v1 (about 314 and 471 offsets per region) in two cuts
 PROVEN = {"DIVERGENT", "MISSING"}
+OPERATIONS_TABLES = {"heartbeat_lag", "replication_lag", "exporter_positions", "exporter_regressions", "compaction_bounds"}
 REGIONS = ("dc-a", "dc-b", "dc-c")
 
 needs_brokers = pytest.mark.skipif(not broker_jars_present(), reason=f"no Kafka broker jars in {BROKER_JARS}")
@@ -68,7 +69,7 @@ def store_file(bootstrap: dict[str, str], *, warn_after: int = 2, dead: str = ""
         for region, servers in bootstrap.items()
     )
     return (f"interval_seconds = 5\n[stores.live]\nmax_offsets_per_partition = {BOUND}\n"
-            f"warn_after_skipped_cuts = {warn_after}\n\n{regions}")
+            f"warn_after_skipped_cuts = {warn_after}\naudit_scope = \"divergence\"\n\n{regions}")
 
 
 # --------------------------------------------------------------------------- the store file (no broker)
@@ -81,6 +82,7 @@ def test_the_store_file_names_regions_and_keeps_secrets_out_of_itself(tmp_path, 
     config = parse_stores(store_file({"dc-a": "h:1", "dc-b": "h:2"}))
     (live,) = config.stores
     assert config.interval_s == 5 and live.max_offsets_per_partition == BOUND and live.warn_after_skipped_cuts == 2
+    assert live.audit_scope == "divergence"
     import re
 
     assert re.fullmatch(live.topic_pattern, "live_v12") and not re.fullmatch(live.topic_pattern, "livex_v1")
@@ -99,6 +101,7 @@ def test_the_store_file_names_regions_and_keeps_secrets_out_of_itself(tmp_path, 
         ('[stores.s]\n', "at least one region"),
         ('[stores.s.regions.a]\nbootstrap = "h:1"', "unknown setting"),
         ('[stores.s]\ntopic_pattern = "("\n[stores.s.regions.a]\nbootstrap_servers = "h:1"', "regular expression"),
+        ('[stores.s]\naudit_scope = "lag"\n[stores.s.regions.a]\nbootstrap_servers = "h:1"', "audit_scope: one of"),
         ("stores = 3", "stores"),
     ]:
         with pytest.raises(InvalidSetting, match=where):
@@ -225,8 +228,8 @@ def live(kafka_clusters, spark, tmp_path_factory):
     config = parse_stores(store_file(bootstrap))
     dead_c = parse_stores(store_file({**bootstrap, "dc-c": f"127.0.0.1:{free_ports(1)[0]}"}, warn_after=1, dead="dc-c"))
 
-    def audit(snapshot_id: str):
-        return run_audit(snapshot_id, str(landing), str(warehouse), **SETTINGS, **store.decode)
+    def audit(snapshot_id: str, scope: str):
+        return run_audit(snapshot_id, str(landing), str(warehouse), scope=scope, **SETTINGS, **store.decode)
 
     (root / "stores.toml").write_text(store_file(bootstrap))
     ticks = {}
@@ -279,6 +282,10 @@ def test_each_tick_lands_one_chained_snapshot_and_audits_it(live):
         assert sum(p["delivered"] for p in parts) == len(rows[region])
     assert read_cursor(str(landing), "live").published == v1[-1]
     assert sorted(p.name for p in landing.iterdir() if p.name.startswith("live-")) == v1  # the idle tick landed none
+    # The store's audit_scope = "divergence" reached every tick's audit: no lag or exporter table was computed (the
+    # whole history's audit, of scope "all", wrote them).
+    assert not [t for t in OPERATIONS_TABLES if (live["warehouse"] / t).exists()]
+    assert all((live["whole"] / t).exists() for t in OPERATIONS_TABLES)
 
 
 @needs_brokers
@@ -409,6 +416,8 @@ def test_a_new_version_topic_starts_its_chain_and_a_deleted_one_keeps_its_audits
     new = live["next"]
     assert tick["action"] == "audited" and tick["snapshot_id"] == new
     assert [r.tags.get("dagster/partition") for r in audit_runs] == [new]
+    selected = {k.to_user_string() for k in audit_runs[0].asset_selection}  # the store's audit_scope
+    assert "divergence_reports" in selected and not selected & OPERATIONS_TABLES
     assert materialized is not None
     # The freshness of the audit, on the asset (the Plots tab), for the snapshot's partition.
     (observation,) = [r.asset_observation for r in observed]
@@ -476,8 +485,9 @@ def test_a_watch_killed_mid_audit_is_resumed_by_the_next_tick_with_the_tables_of
     assert resumed.action == "resumed" and resumed.snapshot_id == killed, (resumed.action, resumed.error)
     assert read_cursor(str(landing), "live").published == killed
 
-    def copy_audit(snapshot_id: str):
-        return run_audit(snapshot_id, str(copy / "landing"), str(copy / "warehouse"), **SETTINGS, **store.decode)
+    def copy_audit(snapshot_id: str, scope: str):
+        return run_audit(snapshot_id, str(copy / "landing"), str(copy / "warehouse"), scope=scope, **SETTINGS,
+                         **store.decode)
 
     reference = watch_once(spark, live["config"], str(copy / "landing"), copy_audit)[0]
     assert reference.action == "audited" and reference.snapshot_id == killed
