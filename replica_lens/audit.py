@@ -159,7 +159,8 @@ def run_audit(
 
 def summary_lines(audit: SnapshotAudit) -> list[str]:
     status = "succeeded" if audit.success else "FAILED"
-    lines = [f"snapshot {audit.snapshot_id}: run {audit.run_id[:8]} {status}"]
+    scope = "" if audit.scope == "all" else f" (scope {audit.scope}: no lag or exporter tables)"
+    lines = [f"snapshot {audit.snapshot_id}: run {audit.run_id[:8]} {status}{scope}"]
     if audit.error:
         lines.append(f"  error: {audit.error}")
     raw = audit.metadata.get("raw_topic_snapshots")

@@ -208,6 +208,8 @@ def test_a_divergence_scope_audit_writes_the_tables_of_a_whole_one_except_lag_an
     assert set(whole.metadata) - set(audit.metadata) == OPERATIONS_TABLES
     assert {k.to_user_string() for k in run.asset_selection} == set(audit.metadata)
     assert audit_document(audit)["scope"] == "divergence" and audit_document(whole)["scope"] == "all"
+    assert summary_lines(audit)[0].endswith("succeeded (scope divergence: no lag or exporter tables)")
+    assert summary_lines(whole)[0].endswith("succeeded")
     assert audit.failed_checks == whole.failed_checks  # the same checks fail: none of lag or exporters ran
     for table in set(audit.metadata):
         def rows(root: Path) -> list[str]:
