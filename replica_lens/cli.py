@@ -14,7 +14,7 @@ from replica_lens.cli_args import (
     EXIT_DIVERGENCE, EXIT_INTERNAL, EXIT_RUN_FAILED, EXIT_USAGE, add_audit_settings, at_least_one, state_retention,
 )
 from replica_lens.cli_brokers import add_broker_commands
-from replica_lens.scopes import AUDIT_SCOPES
+from replica_lens.scopes import ALL, AUDIT_SCOPES
 from resources.tuning import DEFAULT_CONCURRENT_STEPS, DEFAULT_RETENTION_HOURS, DEFAULT_SHUFFLE_PARTITIONS
 
 
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument(
         "--scope",
         choices=AUDIT_SCOPES,
-        default="all",
+        default=ALL,
         help="which tables to compute: all (default), or divergence (the ingest, the stream pass and the divergence "
         "step; no replication lag or exporter tables for the snapshot)",
     )

@@ -274,7 +274,8 @@ def example_audit(spark, tmp_path_factory):
 
     import dagster as dg
 
-    from replica_lens.audit import StepPrinter, run_audit
+    from replica_lens.audit import run_audit
+    from replica_lens.console import StepPrinter
     from tests.rows import EXAMPLES
     from tests.test_audit_e2e import SETTINGS, _Recorder
 

@@ -18,7 +18,7 @@ from replica_lens.simulator import SimulationConfig, simulate
 from resources.delta_store import DeltaStore
 from schemas.registry import struct_for
 from tests.explained import assert_explanations_equal_the_reference
-from tests.rows import EXAMPLES, PER_SNAPSHOT_TABLES
+from tests.rows import EXAMPLES, OPERATIONS_TABLES, PER_SNAPSHOT_TABLES
 
 EXAMPLE = EXAMPLES
 SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
@@ -180,9 +180,6 @@ def test_the_shared_example_gives_exactly_the_expected_reports(spark, example_au
     assert folded == {("DIVERGENT", key[4]) for key in expected_keys}, folded
     # Every table of the run was written, each with its snapshot's rows only.
     assert set(PER_SNAPSHOT_TABLES) <= set(audit.metadata)
-
-
-OPERATIONS_TABLES = {"heartbeat_lag", "replication_lag", "exporter_positions", "exporter_regressions", "compaction_bounds"}
 
 
 def test_a_divergence_scope_audit_writes_the_tables_of_a_whole_one_except_lag_and_exporters(

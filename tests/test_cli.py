@@ -97,7 +97,7 @@ def test_the_status_line_moves_on_a_terminal_and_stays_off_pipes(spark):
     # written into a pipe or a file, or a line left on the screen after the run.
     import time
 
-    from replica_lens.audit import status_line
+    from replica_lens.console import status_line
 
     terminal = _Terminal(tty=True)
     with status_line(terminal, "auditing s1", every=0.05):

@@ -43,6 +43,7 @@ from replica_lens.watch import (
     STORES_ENV, Cursor, parse_stores, read_cursor, watch_once, write_cursor,
 )
 from resources.errors import InvalidSetting
+from tests.rows import OPERATIONS_TABLES
 
 SETTINGS = {"spark_master": "local[2]", "delta_jars_dir": None, "shuffle_partitions": 4}
 HISTORY = dict(
@@ -54,7 +55,6 @@ SECRET = "w4tch-s3cr3t-Never-Logged-1729"
 SECRET_ENV = "REPLICA_LENS_TEST_JAAS"
 BOUND = 240  # offsets per partition and cut: the rest of v1 (about 314 and 471 offsets per region) in two cuts
 PROVEN = {"DIVERGENT", "MISSING"}
-OPERATIONS_TABLES = {"heartbeat_lag", "replication_lag", "exporter_positions", "exporter_regressions", "compaction_bounds"}
 REGIONS = ("dc-a", "dc-b", "dc-c")
 
 needs_brokers = pytest.mark.skipif(not broker_jars_present(), reason=f"no Kafka broker jars in {BROKER_JARS}")
